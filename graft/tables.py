@@ -1,0 +1,44 @@
+"""Parquet inputs with a documented schema, validated on read (missing column, wrong type, empty, duplicate ids)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+# name -> (column -> pandas kind: "O" text, "i" integer, "f" float, "b" bool)
+SCHEMAS: dict[str, dict[str, str]] = {
+    # a suite of problems with a verifiable final answer (old-task suites, retention prompts)
+    "problems": {"problem_id": "O", "question": "O", "answer": "O"},
+    # the hard pool: problems with a gold worked solution (teacher trace)
+    "hard_pool": {"problem_id": "O", "question": "O", "answer": "O", "solution": "O"},
+    # off-policy SFT data, whatever its source: the think block and the final answer of the assistant turn
+    "offpolicy": {"problem_id": "O", "question": "O", "think": "O", "answer": "O", "source": "O"},
+}
+
+
+class TableError(ValueError):
+    """A Parquet input is missing, malformed or violates its schema."""
+
+
+def read_table(path: str | Path, schema: str) -> pd.DataFrame:
+    path = Path(path)
+    if not path.exists():
+        raise TableError(f"{path}: file not found")
+    try:
+        df = pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises several types for a corrupt file
+        raise TableError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+    for col, kind in SCHEMAS[schema].items():
+        if col not in df.columns:
+            raise TableError(f"{path}: missing column {col!r} (schema {schema}: {', '.join(SCHEMAS[schema])})")
+        if kind == "O":
+            if not df[col].map(lambda v: isinstance(v, str)).all():
+                raise TableError(f"{path}: column {col!r} must hold strings")
+        elif df[col].dtype.kind != kind:
+            raise TableError(f"{path}: column {col!r} has dtype {df[col].dtype}, expected kind {kind!r}")
+    if len(df) == 0:
+        raise TableError(f"{path}: table is empty")
+    dup = df["problem_id"].duplicated()
+    if schema != "offpolicy" and dup.any():
+        raise TableError(f"{path}: duplicate problem_id {df.loc[dup, 'problem_id'].iloc[0]!r}")
+    return df.reset_index(drop=True)

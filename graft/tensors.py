@@ -1,0 +1,114 @@
+"""Reading and writing model tensors by name across single-file or sharded safetensors checkpoints.
+
+Never a pickle: only ``*.safetensors`` (with ``model.safetensors.index.json`` when sharded) are read.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+
+
+class CheckpointError(ValueError):
+    """A model directory or tensor file is missing, malformed or incompatible."""
+
+
+def shard_map(model_dir: str | Path) -> dict[str, str]:
+    """tensor name -> shard file name, for a single-file or an indexed sharded checkpoint."""
+    d = Path(model_dir)
+    if (d / INDEX).exists():
+        try:
+            weight_map = json.loads((d / INDEX).read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{d / INDEX}: malformed index ({e})") from None
+        for shard in sorted(set(weight_map.values())):
+            if not (d / shard).exists():
+                raise CheckpointError(f"{d / INDEX} names shard {shard}, which is missing")
+        return dict(weight_map)
+    if (d / SINGLE).exists():
+        with safe_open(d / SINGLE, "pt") as f:
+            return {k: SINGLE for k in f.keys()}
+    if any(d.glob("*.bin")) or any(d.glob("*.pt")):
+        raise CheckpointError(f"{d}: only pickle weights found; graft loads safetensors only")
+    raise CheckpointError(f"{d}: no {SINGLE} or {INDEX}")
+
+
+class TensorReader:
+    """Lazy by-name access to every tensor of a checkpoint directory or a single safetensors file."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._stack = ExitStack()
+        if self.path.is_dir():
+            self.where = shard_map(self.path)
+            self._files = {s: self._stack.enter_context(safe_open(self.path / s, "pt"))
+                           for s in sorted(set(self.where.values()))}
+        else:
+            if not self.path.exists():
+                raise CheckpointError(f"{self.path}: file not found")
+            f = self._stack.enter_context(safe_open(self.path, "pt"))
+            self._files = {self.path.name: f}
+            self.where = {k: self.path.name for k in f.keys()}
+
+    def names(self) -> list[str]:
+        return sorted(self.where)
+
+    def shards(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for name, shard in sorted(self.where.items()):
+            out.setdefault(shard, []).append(name)
+        return out
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def shape(self, name: str) -> list[int]:
+        return list(self._files[self.where[name]].get_slice(name).get_shape())
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._files[self.where[name]].get_tensor(name)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> "TensorReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in self.names():
+            yield name, self.get(name)
+
+
+def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
+    save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(path), metadata={"format": "pt"})
+
+
+def copy_model_files(src: str | Path, dst: str | Path) -> None:
+    """Copy everything but weights (config, generation config, tokenizer, chat template) into a new model dir."""
+    for f in sorted(Path(src).iterdir()):
+        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name != INDEX:
+            shutil.copy2(f, Path(dst) / f.name)
+
+
+def check_compatible(a_dir: str | Path, b_dir: str | Path) -> None:
+    """Donor and post must share architecture, shapes and vocabulary; say which field differs."""
+    ca = json.loads((Path(a_dir) / "config.json").read_text())
+    cb = json.loads((Path(b_dir) / "config.json").read_text())
+    for key in ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
+                "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "tie_word_embeddings"):
+        if ca.get(key) != cb.get(key):
+            raise CheckpointError(f"{a_dir} and {b_dir} differ in config.{key}: {ca.get(key)!r} vs {cb.get(key)!r}")

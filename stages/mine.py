@@ -1,0 +1,64 @@
+"""mine: sample the post model k times per hard problem, keep those it solves at most s times, split train/held-out.
+
+-> data/mined/train.parquet, data/mined/heldout.parquet, data/mined/counts.parquet (one row per pool problem).
+"""
+from __future__ import annotations
+
+import random
+
+import pandas as pd
+
+from graft.atomic import write_parquet
+from graft.chat import render_prompt
+from graft.generation import SamplingSpec, open_generator
+from graft.grading import grade_math
+from graft.params import load_params
+from graft.tables import read_table
+
+
+class MiningError(RuntimeError):
+    pass
+
+
+def mine_counts(pool: pd.DataFrame, texts: list[list[str]], thinking: bool) -> list[int]:
+    return [sum(grade_math(t, gold, thinking)[1] for t in samples) for gold, samples in zip(pool["answer"], texts)]
+
+
+def split_mined(pool: pd.DataFrame, successes: list[int], max_successes: int, heldout: int, seed: int
+                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    counts = pool[["problem_id"]].copy()
+    counts["successes"] = successes
+    counts["kept"] = counts["successes"] <= max_successes
+    kept = sorted(counts.loc[counts["kept"], "problem_id"])
+    if len(kept) <= heldout:
+        raise MiningError(f"mining kept {len(kept)} problems (at most {max_successes} successes), which does not "
+                          f"leave any for training after mine.heldout={heldout}; raise mine.max_successes or the pool")
+    random.Random(seed).shuffle(kept)
+    held = set(kept[:heldout])
+    counts["split"] = [("heldout" if pid in held else "train") if k else "dropped"
+                       for pid, k in zip(counts["problem_id"], counts["kept"])]
+    train = pool[counts["split"].eq("train").values].reset_index(drop=True)
+    test = pool[counts["split"].eq("heldout").values].reset_index(drop=True)
+    return train, test, counts
+
+
+def main() -> None:
+    p, gen, chat, models, data = load_params("mine", "generation", "chat", "models", "data")
+    pool = read_table(data.hard_pool, "hard_pool")
+    generator = open_generator(models.post, gen, models.trust_remote_code)
+    spec = SamplingSpec(n=p.k, temperature=p.temperature, top_p=gen.top_p, max_new_tokens=p.max_new_tokens,
+                        seed=p.seed)
+    outs = generator.generate([render_prompt(q, chat.thinking) for q in pool["question"]], spec)
+    generator.close()
+    successes = mine_counts(pool, [[c.text for c in o] for o in outs], chat.thinking)
+    train, test, counts = split_mined(pool, successes, p.max_successes, p.heldout, p.seed)
+    counts["k"] = p.k
+    write_parquet("data/mined/train.parquet", train)
+    write_parquet("data/mined/heldout.parquet", test)
+    write_parquet("data/mined/counts.parquet", counts)
+    print(f"mined: {int(counts.kept.sum())}/{len(counts)} kept; train {len(train)}, held-out {len(test)}; "
+          f"mean successes {counts.successes.mean():.2f}/{p.k}")
+
+
+if __name__ == "__main__":
+    main()

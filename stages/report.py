@@ -1,0 +1,90 @@
+"""report: all points of the current sweep in one table, the Pareto plot, and metrics for ``dvc exp show``.
+
+-> reports/points.parquet, reports/pareto.png, reports/pareto.json (DVC plot data), reports/metrics.json
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from graft.atomic import atomic_file, write_json, write_parquet  # noqa: E402
+from graft.pareto import non_dominated  # noqa: E402
+from graft.params import load_params  # noqa: E402
+
+METHOD_ORDER = ["post", "sft", "sft_merge", "graft", "graft_mask"]
+
+
+def current_points(sweep) -> list[str]:
+    """Names of the points the current params declare (stale point files from older sweeps are ignored)."""
+    names = ["post", "sft"] + [f"sft_merge_lam{lam}" for lam in sweep.lams]
+    names += [f"graft_lam{lam}_rho{rho}" for lam in sweep.lams for rho in sweep.rhos]
+    return names
+
+
+def load_points(names: list[str], folder: Path) -> pd.DataFrame:
+    rows = []
+    for name in names:
+        path = folder / f"{name}.json"
+        if not path.exists():
+            raise FileNotFoundError(f"report: point {name} has no {path}; run its evaluate stage")
+        d = json.loads(path.read_text())
+        method = d["method"]
+        if method == "graft" and d.get("rho"):
+            method = "graft_mask"
+        row = {"name": name, "method": method, "lam": d.get("lam"), "rho": d.get("rho"),
+               "new_task": d["new_task"], "old_task": d["old_task"]}
+        for key, val in d.items():
+            if key.startswith("old:") or key == "new":
+                for metric, v in val.items():
+                    row[f"{key}/{metric}"] = v
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    df["frontier"] = non_dominated(list(zip(df.new_task, df.old_task)))
+    return df
+
+
+def plot(df: pd.DataFrame, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
+    for method in [m for m in METHOD_ORDER if m in set(df.method)]:
+        sub = df[df.method == method]
+        sc = ax.scatter(sub.new_task, sub.old_task, label=method, s=40, alpha=0.85)
+        front = sub[non_dominated(list(zip(sub.new_task, sub.old_task)))].sort_values("new_task")
+        ax.plot(front.new_task, front.old_task, color=sc.get_facecolor()[0], lw=1)
+        for _, r in sub.iterrows():
+            tag = "" if r.lam is None or pd.isna(r.lam) else f"λ{r.lam:g}" + (f" ρ{r.rho:g}" if r.rho else "")
+            ax.annotate(tag, (r.new_task, r.old_task), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    glob = df[df.frontier]
+    ax.scatter(glob.new_task, glob.old_task, facecolors="none", edgecolors="black", s=120, lw=1.2,
+               label="global frontier")
+    ax.set_xlabel("new task (held-out mined problems, pass@1)")
+    ax.set_ylabel("old task (mean over suites, pass@1)")
+    ax.set_title("graft: new vs old task")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def main() -> None:
+    sweep = load_params("sweep")
+    df = load_points(current_points(sweep), Path("reports/points"))
+    write_parquet("reports/points.parquet", df)
+    plot(df, Path("reports/pareto.png"))
+    write_json("reports/pareto.json", {"points": [
+        {"method": r.method, "name": r.name, "new_task": r.new_task, "old_task": r.old_task,
+         "frontier": bool(r.frontier)} for r in df.itertuples()]})
+    write_json("reports/metrics.json", {r.name: {"new_task": round(r.new_task, 6), "old_task": round(r.old_task, 6)}
+                                        for r in df.itertuples()})
+    print(df[["name", "new_task", "old_task", "frontier"]].to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from graft.chat import render_prompt, render_response
+from graft.modeling import new_model, qwen3_config, save_model_dir, train_tokenizer
+from graft.tasks import make_problem, raw_text
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 32}
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    rng = random.Random(0)
+    texts = [raw_text(make_problem(s, rng)) for s in ("add", "sub", "reverse") for _ in range(100)]
+    texts += [render_prompt("1+2=?", True) + render_response("1+2=3", "3", True)]
+    return train_tokenizer(texts, 320)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """A random tiny Qwen3 model as a complete HF directory (random init scaled up so logits are decisive)."""
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    out.mkdir()
+    model = new_model(qwen3_config(tiny_tokenizer, TINY_SHAPE, 128), seed=0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    save_model_dir(model, tiny_tokenizer, out)
+    return out

@@ -1,0 +1,40 @@
+"""A small params profile: the whole DAG in a couple of minutes, for end-to-end tests."""
+from __future__ import annotations
+
+import copy
+
+import yaml
+
+SMALL_OVERRIDES = {
+    "generation": {"backend": "hf", "batch_size": 64},
+    "world": {
+        "corpus_problems": 300,
+        "tokenizer_vocab_size": 320,
+        "student": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+                    "num_key_value_heads": 1, "head_dim": 32},
+        "aligner": {"hidden_size": 96, "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 3,
+                    "num_key_value_heads": 1, "head_dim": 32},
+        "pretrain": {"steps": 12, "aligner_steps": 8, "batch_size": 8, "seq_len": 64},
+        "posttrain": {"steps": 8, "batch_size": 8, "n_examples": 40},
+        "eval_per_suite": 6,
+        "hard_pool_size": 24,
+        "retention_size": 8,
+    },
+    "mine": {"k": 2, "heldout": 6, "max_new_tokens": 24, "max_successes": 2},
+    "synthself": {"max_new_tokens": 24},
+    "finetune": {"epochs": 1, "batch_size": 8},
+    "fisher": {"n_rollouts": 6, "max_new_tokens": 16},
+    "sweep": {"lams": [0.5, 1.0], "rhos": [0.0, 0.1]},
+    "evaluate": {"n_samples": 2, "pass_k": [1, 2], "max_new_tokens": 24},
+}
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def small_params(default_params_text: str) -> str:
+    return yaml.safe_dump(_merge(yaml.safe_load(default_params_text), SMALL_OVERRIDES), sort_keys=False)

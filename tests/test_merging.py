@@ -1,0 +1,132 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from graft.merging import (compute_delta, diagonal_scores, exact_top_rho_keep, merge_into_dir, merge_tensor,
+                           top_rho_count)
+from graft.modeling import load_model, new_model, qwen3_config, save_model_dir
+from graft.tensors import CheckpointError, TensorReader, save_tensors
+from tests.conftest import TINY_SHAPE
+
+
+def test_exact_count_with_ties():
+    scores = {"b": torch.tensor([1.0, 3.0, 3.0, 3.0]), "a": torch.tensor([[3.0, 0.5], [2.0, 3.0]])}
+    keep = exact_top_rho_keep(scores, 0.375)  # floor(0.375 * 8) = 3 of the six 3.0s... five 3.0s tie
+    assert sum(int((~k).sum()) for k in keep.values()) == 3
+    # ties go to the earliest positions in sorted-name, row-major order: a[0,0], a[1,1], b[1]
+    assert (~keep["a"]).tolist() == [[True, False], [False, True]]
+    assert (~keep["b"]).tolist() == [False, True, False, False]
+
+
+def test_top_rho_masks_the_highest_scores():
+    g = torch.Generator().manual_seed(0)
+    scores = {"w": torch.rand(1000, generator=g), "v": torch.rand(10, 10, generator=g)}
+    keep = exact_top_rho_keep(scores, 0.1)
+    masked = torch.cat([scores[n][~keep[n]] for n in sorted(scores)])
+    kept = torch.cat([scores[n][keep[n]] for n in sorted(scores)])
+    assert masked.numel() == top_rho_count(1100, 0.1) == 110
+    assert masked.min() >= kept.max()
+
+
+def test_rho_zero_keeps_everything():
+    keep = exact_top_rho_keep({"w": torch.rand(7)}, 0.0)
+    assert keep["w"].all()
+
+
+def test_scores_are_fisher_times_delta_squared():
+    s = diagonal_scores({"w": torch.tensor([2.0, 0.5])}, {"w": torch.tensor([3.0, -2.0])})
+    assert s["w"].tolist() == [18.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_merge_lam_zero_is_post_bitwise(dtype):
+    post = torch.randn(5, 7).to(dtype)
+    out = merge_tensor(post, torch.randn(5, 7), None, 0.0)
+    assert out.dtype == dtype and torch.equal(out, post)
+
+
+def test_merge_is_fp32_math_cast_once():
+    post = torch.randn(64).to(torch.bfloat16)
+    d = torch.randn(64) * 1e-3
+    expected = (post.float() + 0.7 * d).to(torch.bfloat16)
+    assert torch.equal(merge_tensor(post, d, torch.ones(64, dtype=torch.bool), 0.7), expected)
+
+
+def _save(model, tok, path):
+    path.mkdir(parents=True)
+    save_model_dir(model, tok, path)
+    return path
+
+
+def test_delta_and_merge_directories(tmp_path, tiny_tokenizer):
+    cfg = qwen3_config(tiny_tokenizer, TINY_SHAPE, 64)
+    base = _save(new_model(cfg, 1), tiny_tokenizer, tmp_path / "base")
+    ft_model = new_model(cfg, 2)
+    ft = _save(ft_model, tiny_tokenizer, tmp_path / "ft")
+    delta = compute_delta(ft, base)
+    b, f = dict(TensorReader(base).items()), dict(TensorReader(ft).items())
+    assert set(delta) == set(b)
+    for name in delta:
+        assert torch.equal(delta[name], f[name].float() - b[name].float())
+    save_tensors(tmp_path / "delta.safetensors", delta)
+    # rho = 0 mask merge == plain task arithmetic; lam=1 onto base reconstructs ft up to fp32 rounding
+    keep = exact_top_rho_keep({k: v.abs() for k, v in delta.items()}, 0.0)
+    save_tensors(tmp_path / "keep.safetensors", keep)
+    (tmp_path / "m1").mkdir()
+    (tmp_path / "m2").mkdir()
+    merge_into_dir(base, tmp_path / "delta.safetensors", tmp_path / "keep.safetensors", 0.6, tmp_path / "m1")
+    merge_into_dir(base, tmp_path / "delta.safetensors", None, 0.6, tmp_path / "m2")
+    m1, m2 = dict(TensorReader(tmp_path / "m1").items()), dict(TensorReader(tmp_path / "m2").items())
+    for name in b:
+        assert torch.equal(m1[name], m2[name])
+        assert torch.equal(m2[name], b[name] + 0.6 * delta[name])
+    model = load_model(tmp_path / "m1")  # a merged directory loads in transformers as it is
+    assert model.config.vocab_size == len(tiny_tokenizer)
+
+
+def test_merge_preserves_shards(tmp_path, tiny_tokenizer):
+    cfg = qwen3_config(tiny_tokenizer, TINY_SHAPE, 64)
+    model = new_model(cfg, 3)
+    post = tmp_path / "post"
+    post.mkdir()
+    model.save_pretrained(post, safe_serialization=True, max_shard_size="100KB")
+    tiny_tokenizer.save_pretrained(post)
+    index = json.loads((post / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    delta = {k: torch.full(v.shape, 0.5) for k, v in TensorReader(post).items()}
+    save_tensors(tmp_path / "d.safetensors", delta)
+    out = tmp_path / "out"
+    out.mkdir()
+    merge_into_dir(post, tmp_path / "d.safetensors", None, 2.0, out)
+    assert sorted(p.name for p in out.glob("*.safetensors")) == sorted(p.name for p in post.glob("*.safetensors"))
+    merged = dict(TensorReader(out).items())
+    for name, w in TensorReader(post).items():
+        assert torch.equal(merged[name], w + 1.0)
+    load_model(out)
+
+
+def test_mismatched_checkpoints_are_refused(tmp_path, tiny_tokenizer):
+    a = _save(new_model(qwen3_config(tiny_tokenizer, TINY_SHAPE, 64), 0), tiny_tokenizer, tmp_path / "a")
+    wider = dict(TINY_SHAPE, intermediate_size=96)
+    b = _save(new_model(qwen3_config(tiny_tokenizer, wider, 64), 0), tiny_tokenizer, tmp_path / "b")
+    with pytest.raises(CheckpointError, match="intermediate_size"):
+        compute_delta(a, b)
+
+
+def test_nan_delta_is_refused(tmp_path, tiny_tokenizer):
+    cfg = qwen3_config(tiny_tokenizer, TINY_SHAPE, 64)
+    a = _save(new_model(cfg, 0), tiny_tokenizer, tmp_path / "a")
+    bad = new_model(cfg, 0)
+    with torch.no_grad():
+        bad.model.norm.weight[0] = float("nan")
+    b = _save(bad, tiny_tokenizer, tmp_path / "b")
+    with pytest.raises(FloatingPointError, match="model.norm.weight"):
+        compute_delta(b, a)
+
+
+def test_pickle_weights_are_refused(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(CheckpointError, match="safetensors only"):
+        TensorReader(tmp_path)

@@ -1,0 +1,40 @@
+import copy
+
+import pytest
+import yaml
+
+from graft.params import ParamsError, validate
+from tests.conftest import REPO
+
+DEFAULT = yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def test_default_params_validate():
+    p = validate(copy.deepcopy(DEFAULT))
+    assert p["sweep"].lams and p["mine"].k >= 1
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update({"mege": {}}), "unknown section mege"),
+    (lambda d: d["mine"].update({"kk": 3}), "unknown key mine.kk"),
+    (lambda d: d["mine"].pop("k"), "missing key mine.k"),
+    (lambda d: d["mine"].update({"k": 0}), "mine.k must be > 0"),
+    (lambda d: d["mine"].update({"k": "8"}), "mine.k must be an integer"),
+    (lambda d: d["mine"].update({"k": True}), "mine.k must be an integer, got a boolean"),
+    (lambda d: d["sweep"].update({"rhos": [0.0, 1.0]}), "sweep.rhos[1] must be in [0, 1)"),
+    (lambda d: d["sweep"].update({"lams": [0.0]}), "sweep.lams[0] must be > 0"),
+    (lambda d: d["sweep"].update({"lams": []}), "sweep.lams must be non-empty"),
+    (lambda d: d["sweep"].update({"lams": [0.5, 0.5]}), "sweep.lams has a repeated value"),
+    (lambda d: d["generation"].update({"backend": "tgi"}), "generation.backend must be one of vllm, hf"),
+    (lambda d: d["finetune"].update({"betas": [0.9]}), "finetune.betas must be two values"),
+    (lambda d: d["finetune"].update({"lr": float("nan")}), "finetune.lr must be finite"),
+    (lambda d: d["finetune"].update({"dtype": "fp8"}), "finetune.dtype must be one of"),
+    (lambda d: d["chat"].update({"thinking": "yes"}), "chat.thinking must be true or false"),
+    (lambda d: d["world"]["student"].update({"num_key_value_heads": 3}), "world.student.num_attention_heads"),
+])
+def test_bad_params_name_the_key(mutate, message):
+    d = copy.deepcopy(DEFAULT)
+    mutate(d)
+    with pytest.raises(ParamsError) as e:
+        validate(d)
+    assert message in str(e.value)
