@@ -1,19 +1,25 @@
 """Deltas, retention-Fisher masks and merges: the tensor math of grafting.
 
 graft:      theta = theta_post + lam * M_rho(theta_donor_ft - theta_donor)
-SFT+merge:  theta = theta_post + lam * (theta_sft - theta_post)
-All arithmetic in fp32; the merged weights are cast back to the post model's dtype.
+SFT+merge:  theta = theta_post + lam * (theta_sft - theta_post)       (identical to WiSE-FT with mixing weight lam)
+Everything streams one tensor at a time (bounded memory at any model size); arithmetic is fp32 and merged weights
+are cast back to the post model's dtype.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-import math
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Iterator, Mapping
 
 import torch
 
-from graft.tensors import INDEX, CheckpointError, TensorReader, check_compatible, copy_model_files, save_tensors
+from graft.kfac import kfac_project, kfac_scores
+from graft.selection import select_top_k, top_rho_count
+from graft.tensors import (INDEX, CheckpointError, TensorReader, check_compatible, copy_model_files, dtype_of,
+                           save_tensors, write_safetensors_streamed)
+
+MASK_KINDS = ("none", "diagonal", "kfac", "random")
 
 
 def tensor_delta(ft: torch.Tensor, base: torch.Tensor, name: str) -> torch.Tensor:
@@ -25,61 +31,149 @@ def tensor_delta(ft: torch.Tensor, base: torch.Tensor, name: str) -> torch.Tenso
     return d
 
 
+def _same_tensors(a: TensorReader, b: TensorReader, what: str) -> None:
+    if a.names() != b.names():
+        diff = sorted(set(a.names()) ^ set(b.names()))
+        raise CheckpointError(f"{what}: {a.path} and {b.path} hold different tensors, e.g. {diff[0]}")
+
+
+def write_delta(ft_dir: str | Path, base_dir: str | Path, out: str | Path) -> dict[str, float]:
+    """Stream ft - base (fp32, keyed by parameter name) into one safetensors file. Returns its squared norm per tensor."""
+    check_compatible(ft_dir, base_dir)
+    norms: dict[str, float] = {}
+    with TensorReader(ft_dir) as ft, TensorReader(base_dir) as base:
+        _same_tensors(ft, base, "delta")
+        specs = []
+        for name in ft.names():
+            if ft.shape(name) != base.shape(name):
+                raise CheckpointError(f"tensor {name}: shape {ft.shape(name)} vs {base.shape(name)}")
+            specs.append((name, torch.float32, ft.shape(name)))
+
+        def produce(name: str) -> torch.Tensor:
+            d = tensor_delta(ft.get(name), base.get(name), name)
+            norms[name] = float(d.double().pow(2).sum())
+            return d
+
+        write_safetensors_streamed(out, specs, produce)
+    return norms
+
+
 def compute_delta(ft_dir: str | Path, base_dir: str | Path) -> dict[str, torch.Tensor]:
-    """ft - base, fp32, keyed by parameter name; both checkpoints must hold exactly the same tensors."""
+    """In-memory ft - base (small models and tests)."""
     check_compatible(ft_dir, base_dir)
     with TensorReader(ft_dir) as ft, TensorReader(base_dir) as base:
-        if ft.names() != base.names():
-            extra = sorted(set(ft.names()) ^ set(base.names()))
-            raise CheckpointError(f"{ft_dir} and {base_dir} hold different tensors, e.g. {extra[0]}")
+        _same_tensors(ft, base, "delta")
         return {name: tensor_delta(ft.get(name), base.get(name), name) for name in ft.names()}
 
 
 def diagonal_scores(fisher: Mapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """s_j = F_j * delta_j^2 (how much coordinate j moves the old-task KL, paper Eq. 3-5)."""
-    out = {}
-    for name, d in delta.items():
-        if name not in fisher:
-            raise CheckpointError(f"tensor {name}: no Fisher entry")
-        if fisher[name].shape != d.shape:
-            raise CheckpointError(f"tensor {name}: Fisher shape {list(fisher[name].shape)} vs delta {list(d.shape)}")
-        out[name] = fisher[name].float() * d.float().pow(2)
-    return out
+    return {name: diagonal_score(fisher.get(name), d, name) for name, d in delta.items()}
 
 
-def top_rho_count(total: int, rho: float) -> int:
-    """Number of coordinates masked: floor(rho * total)."""
-    if not 0 <= rho < 1:
-        raise ValueError(f"rho must be in [0, 1), got {rho}")
-    return math.floor(rho * total)
+def diagonal_score(f: torch.Tensor | None, d: torch.Tensor, name: str) -> torch.Tensor:
+    if f is None:
+        raise CheckpointError(f"tensor {name}: no Fisher entry")
+    if f.shape != d.shape:
+        raise CheckpointError(f"tensor {name}: Fisher shape {list(f.shape)} vs delta {list(d.shape)}")
+    if not torch.isfinite(f).all():
+        raise FloatingPointError(f"tensor {name}: Fisher has NaN or Inf")
+    return f.float() * d.float().pow(2)
+
+
+def random_scores(name: str, shape: list[int], seed: int) -> torch.Tensor:
+    """Seeded uniform scores: top-rho of these is a random mask of the same size (a control)."""
+    h = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") % (2**63 - 1)
+    return torch.rand(shape, generator=torch.Generator().manual_seed(h))
+
+
+class MaskPlan:
+    """How to score and project each delta tensor for one mask kind.
+
+    ``kfac`` holds, per 2-D linear weight inside the blocks, (U, sigma, V, d) from the eigendecompositions of P and
+    Q; every other tensor is scored diagonally (KFAC of a vocab x vocab factor is out of reach).
+    """
+
+    def __init__(self, kind: str, delta: TensorReader, fisher: TensorReader | None = None,
+                 kfac: Mapping[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
+                 seed: int = 0):
+        if kind not in MASK_KINDS:
+            raise ValueError(f"mask kind must be one of {MASK_KINDS}, got {kind!r}")
+        if kind in ("diagonal", "kfac") and fisher is None:
+            raise ValueError(f"mask kind {kind} needs a diagonal Fisher")
+        self.kind, self.delta, self.fisher, self.seed = kind, delta, fisher, seed
+        self.kfac = dict(kfac or {}) if kind == "kfac" else {}
+        for name, (U, _, V, _) in self.kfac.items():
+            if name not in delta:
+                raise CheckpointError(f"KFAC factors for {name}, which the delta does not hold")
+            shape = delta.shape(name)
+            if [U.shape[0], V.shape[0]] != shape:
+                raise CheckpointError(f"tensor {name}: KFAC factors {U.shape[0]}x{V.shape[0]} vs delta {shape}")
+        if fisher is not None:
+            missing = sorted(set(delta.names()) - set(fisher.names()))
+            if missing:
+                raise CheckpointError(f"tensor {missing[0]}: no Fisher entry")
+
+    def scores(self, name: str, d: torch.Tensor) -> torch.Tensor:
+        if self.kind == "random":
+            return random_scores(name, list(d.shape), self.seed)
+        if name in self.kfac:
+            U, sigma, V, dd = self.kfac[name]
+            return kfac_scores(d, U, sigma, V, dd)
+        return diagonal_score(self.fisher.get(name), d, name)
+
+    def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in self.delta.names():
+            yield name, self.scores(name, self.delta.get(name))
+
+    def project(self, name: str, d: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+        if name in self.kfac:
+            U, _, V, _ = self.kfac[name]
+            return kfac_project(d, U, V, drop)
+        return d.float().masked_fill(drop, 0.0)
+
+
+def write_masked_delta(plan: MaskPlan, rho: float, out: str | Path) -> dict[str, float]:
+    """Stream M_rho(delta) to ``out``: exactly floor(rho * N) directions (entries or KFAC eigen-directions) with the
+    highest scores are removed. Returns counts and the share of the total score removed."""
+    names = plan.delta.names()
+    total = sum(_numel(plan.delta.shape(n)) for n in names)
+    k = top_rho_count(total, rho) if plan.kind != "none" else 0
+    if k == 0:  # nothing to select: skip scoring entirely (kind none needs no Fisher)
+        selection = iter([(n, torch.zeros(plan.delta.shape(n), dtype=torch.bool)) for n in names])
+    else:
+        selection = select_top_k(plan.stream, k)
+    stats = {"entries": total, "masked": 0, "score_total": 0.0, "score_masked": 0.0}
+    specs = [(n, torch.float32, plan.delta.shape(n)) for n in names]
+
+    def produce(name: str) -> torch.Tensor:
+        sel_name, drop = next(selection)
+        assert sel_name == name
+        d = plan.delta.get(name).float()
+        if k > 0:
+            s = plan.scores(name, d)
+            stats["score_total"] += float(s.double().sum())
+            stats["score_masked"] += float(s.double()[drop].sum())
+        stats["masked"] += int(drop.sum())
+        return plan.project(name, d, drop)
+
+    write_safetensors_streamed(out, specs, produce)
+    stats["score_share_masked"] = stats["score_masked"] / stats["score_total"] if stats["score_total"] else 0.0
+    return stats
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def exact_top_rho_keep(scores: Mapping[str, torch.Tensor], rho: float) -> dict[str, torch.Tensor]:
-    """Keep-masks (True = keep) that zero exactly floor(rho * N) coordinates with the highest scores.
-
-    Ties at the threshold are broken by position: tensors in sorted-name order, elements in row-major order,
-    earlier positions masked first. The count is exact whatever the ties.
-    """
+    """Keep-masks (True = keep) zeroing exactly floor(rho * N) highest scores; ties to the earliest position."""
     names = sorted(scores)
-    flat = torch.cat([scores[n].reshape(-1).float() for n in names]) if names else torch.zeros(0)
-    if not torch.isfinite(flat).all():
-        raise FloatingPointError("mask scores contain NaN or Inf")
-    k = top_rho_count(flat.numel(), rho)
-    drop = torch.zeros(flat.numel(), dtype=torch.bool)
-    if k > 0:
-        # the k-th largest value is the (N - k + 1)-th smallest
-        thr = torch.kthvalue(flat, flat.numel() - k + 1).values
-        above = flat > thr
-        drop |= above
-        need = k - int(above.sum())
-        tied = torch.nonzero(flat == thr).reshape(-1)[:need]
-        drop[tied] = True
-    keep, offset = {}, 0
-    for n in names:
-        size = scores[n].numel()
-        keep[n] = ~drop[offset: offset + size].reshape(scores[n].shape)
-        offset += size
-    return keep
+    k = top_rho_count(sum(scores[n].numel() for n in names), rho)
+    return {n: ~sel for n, sel in select_top_k(lambda: ((n, scores[n]) for n in names), k)}
 
 
 def merge_tensor(post: torch.Tensor, delta: torch.Tensor, keep: torch.Tensor | None, lam: float) -> torch.Tensor:
@@ -90,29 +184,51 @@ def merge_tensor(post: torch.Tensor, delta: torch.Tensor, keep: torch.Tensor | N
     return (post.float() + lam * d).to(post.dtype)
 
 
-def merge_into_dir(post_dir: str | Path, delta_path: str | Path, keep_path: str | Path | None, lam: float,
-                   out_dir: str | Path) -> None:
-    """Write post + lam * M(delta) as a model directory sharded like the post model (one shard in memory)."""
+def merge_into_dir(post_dir: str | Path, delta_path: str | Path, lam: float, out_dir: str | Path,
+                   combine: Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> None:
+    """Write post + lam * delta as a model directory sharded like the post model, one tensor in memory at a time.
+
+    ``combine(name, post, delta)`` replaces the default per-tensor rule (used by Fisher merging)."""
     out_dir = Path(out_dir)
     copy_model_files(post_dir, out_dir)
     with TensorReader(post_dir) as post, TensorReader(delta_path) as delta:
-        keep = TensorReader(keep_path) if keep_path is not None else None
-        try:
-            missing = sorted(set(post.names()) ^ set(delta.names()))
-            if missing:
-                raise CheckpointError(f"delta {delta_path} and post {post_dir} disagree on tensor {missing[0]}")
-            shards = post.shards()
-            for shard, names in shards.items():
-                out = {}
-                for name in names:
-                    w, d = post.get(name), delta.get(name)
-                    if list(w.shape) != list(d.shape):
-                        raise CheckpointError(f"tensor {name}: post shape {list(w.shape)} vs delta {list(d.shape)}")
-                    out[name] = merge_tensor(w, d, keep.get(name) if keep is not None else None, lam)
-                save_tensors(out_dir / shard, out)
-            if (Path(post_dir) / INDEX).exists():
-                index = json.loads((Path(post_dir) / INDEX).read_text())
-                (out_dir / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
-        finally:
-            if keep is not None:
-                keep.close()
+        _same_tensors(post, delta, "merge")
+        for name in post.names():
+            if post.shape(name) != delta.shape(name):
+                raise CheckpointError(f"tensor {name}: post shape {post.shape(name)} vs delta {delta.shape(name)}")
+        rule = combine or (lambda name, w, d: merge_tensor(w, d, None, lam))
+        for shard, names in post.shards().items():
+            specs = [(n, dtype_of(post, n), post.shape(n)) for n in names]
+            write_safetensors_streamed(out_dir / shard, specs, lambda n: rule(n, post.get(n), delta.get(n)))
+        if (Path(post_dir) / INDEX).exists():
+            index = json.loads((Path(post_dir) / INDEX).read_text())
+            (out_dir / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
+
+
+def fisher_merge_tensor(post: torch.Tensor, ft: torch.Tensor, f_post: torch.Tensor, f_ft: torch.Tensor, lam: float,
+                        floor: float) -> torch.Tensor:
+    """Fisher merging (Matena & Raffel 2022) of two models with weights (1 - lam, lam), Fishers floored at ``floor``:
+    theta = ((1-lam) F_post theta_post + lam F_ft theta_ft) / ((1-lam) F_post + lam F_ft)."""
+    a = (1.0 - lam) * f_post.float().clamp(min=floor)
+    b = lam * f_ft.float().clamp(min=floor)
+    return ((a * post.float() + b * ft.float()) / (a + b)).to(post.dtype)
+
+
+def fisher_share_top(fisher: Mapping[str, torch.Tensor] | TensorReader, delta: TensorReader, top: float = 0.01
+                     ) -> float:
+    """Share of sum_j F_j delta_j^2 that falls in the top ``top`` fraction of coordinates ranked by F (paper Fig. 8)."""
+    get = fisher.get
+    names = delta.names()
+    total = sum(_numel(delta.shape(n)) for n in names)
+    k = max(1, top_rho_count(total, top))
+    sel = dict(select_top_k(lambda: ((n, get(n)) for n in names), k))
+    num = den = 0.0
+    for n in names:
+        s = get(n).float() * delta.get(n).float().pow(2)
+        den += float(s.double().sum())
+        num += float(s.double()[sel[n]].sum())
+    return num / den if den else 0.0
+
+
+def save_keep_masks(path: str | Path, keep: Mapping[str, torch.Tensor]) -> None:
+    save_tensors(path, dict(keep))

@@ -23,6 +23,9 @@ class Problem:
     teacher_trace: str   # the gold solution as an outside teacher writes it
 
 
+_COLUMN = ("ones", "tens", "hundreds", "thousands", "ten-thousands", "hundred-thousands")
+
+
 def _digits(n: int, width: int) -> list[int]:
     return [int(c) for c in str(n).zfill(width)][::-1]
 
@@ -34,11 +37,11 @@ def add_problem(a: int, b: int) -> Problem:
     for i, (x, y) in enumerate(zip(da, db)):
         s = x + y + carry
         steps.append(f"{x}+{y}" + (f"+{carry}" if carry else "") + f"={s}")
-        words.append(f"column {i + 1}: {x} plus {y}" + (" plus carry" if carry else "") + f" makes {s}")
+        words.append(f"{_COLUMN[i]} {x} plus {y}" + (" plus one" if carry else "") + f" is {s}")
         carry = s // 10
     return Problem(
         problem_id=f"add-{a}-{b}", suite="add", question=f"{a}+{b}=?", answer=str(a + b),
-        student_trace=" ".join(steps), teacher_trace="; ".join(words) + f". So the sum is {a + b}.")
+        student_trace=" ".join(steps), teacher_trace=", ".join(words) + f"; so {a + b}")
 
 
 def sub_problem(a: int, b: int) -> Problem:
@@ -52,17 +55,17 @@ def sub_problem(a: int, b: int) -> Problem:
         borrow = 1 if top < y else 0
         top += 10 * borrow
         steps.append(f"{top}-{y}={top - y}")
-        words.append(f"column {i + 1}: {top} minus {y} leaves {top - y}" + (" after borrowing" if borrow else ""))
+        words.append(f"{_COLUMN[i]} {top} minus {y} is {top - y}" + (" borrow" if borrow else ""))
     return Problem(
         problem_id=f"sub-{a}-{b}", suite="sub", question=f"{a}-{b}=?", answer=str(a - b),
-        student_trace=" ".join(steps), teacher_trace="; ".join(words) + f". So the difference is {a - b}.")
+        student_trace=" ".join(steps), teacher_trace=", ".join(words) + f"; so {a - b}")
 
 
 def reverse_problem(s: str) -> Problem:
     r = s[::-1]
     return Problem(
         problem_id=f"rev-{s}", suite="reverse", question=f"reverse {s}", answer=r,
-        student_trace=" ".join(r), teacher_trace=f"reading {s} from the right gives {r}.")
+        student_trace=" ".join(r), teacher_trace=f"from the right {s} reads {r}")
 
 
 def make_problem(suite: str, rng: random.Random) -> Problem:

@@ -112,3 +112,37 @@ def check_compatible(a_dir: str | Path, b_dir: str | Path) -> None:
                 "tie_word_embeddings"):
         if ca.get(key) != cb.get(key):
             raise CheckpointError(f"{a_dir} and {b_dir} differ in config.{key}: {ca.get(key)!r} vs {cb.get(key)!r}")
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+              torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int32: "I32", torch.int64: "I64",
+              torch.int16: "I16"}
+
+
+def write_safetensors_streamed(path: str | Path, specs: list[tuple[str, torch.dtype, list[int]]],
+                               produce) -> None:
+    """Write a safetensors file one tensor at a time: the header comes from (name, dtype, shape) specs, then
+    ``produce(name)`` is called for each name in order and its bytes appended. Peak memory: one tensor."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, dtype, shape in specs:
+        size = torch.empty((), dtype=dtype).element_size()
+        for s in shape:
+            size *= s
+        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for name, dtype, shape in specs:
+            t = produce(name)
+            if t.dtype != dtype or list(t.shape) != list(shape):
+                raise CheckpointError(f"tensor {name}: produced {t.dtype} {list(t.shape)}, expected {dtype} {shape}")
+            f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def dtype_of(reader: "TensorReader", name: str) -> torch.dtype:
+    inv = {v: k for k, v in _ST_DTYPES.items()}
+    return inv[reader._files[reader.where[name]].get_slice(name).get_dtype()]

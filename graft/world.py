@@ -50,12 +50,18 @@ def pretraining_corpus(n: int, rng: random.Random, exclude: set[str]) -> list[st
 
 
 def posttrain_examples(n: int, rng: random.Random, exclude: set[str], rewrite: bool) -> list[SFTExample]:
-    """Chat SFT on the old tasks in the student's own style; the aligner also learns to rewrite teacher solutions."""
+    """Chat SFT on the old tasks in the student's own style.
+
+    The aligner (``rewrite=True``) is a more capable assistant: it also learns to restate a teacher's solution in
+    the family's own style, for every suite including the new one (on problems disjoint from the hard pool).
+    """
     out = []
     for suite in OLD_SUITES:
         for q in sample_problems(suite, n, rng, exclude):
             out.append(SFTExample(q.question, q.student_trace, q.answer))
-            if rewrite:
+    if rewrite:
+        for suite in (*OLD_SUITES, NEW_SUITE):
+            for q in sample_problems(suite, n // 2, rng, exclude):
                 out.append(SFTExample(rewrite_question(q.question, q.teacher_trace), q.student_trace, q.answer))
     rng.shuffle(out)
     return out

@@ -12,7 +12,7 @@ import time
 from graft.atomic import write_json, write_parquet
 from graft.evaluation import evaluate_model
 from graft.generation import SamplingSpec, open_generator
-from graft.params import load_params
+from graft.schema import load_params
 from graft.tables import read_table
 
 

@@ -11,7 +11,7 @@ import torch
 
 from graft.atomic import atomic_dir, write_json
 from graft.modeling import load_model, load_tokenizer, save_model_dir
-from graft.params import load_params
+from graft.schema import load_params
 from graft.tables import read_table
 from graft.training import OptimConfig, SFTExample, finetune_sft
 

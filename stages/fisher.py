@@ -1,39 +1,62 @@
-"""fisher: diagonal retention Fisher of the post model on its own samples for old-task prompts.
+"""fisher: Fisher of a model on its own samples.
 
--> tensors/fisher/diagonal.safetensors (fp32, keyed by parameter name), reports/fisher.json
+python -m stages.fisher --which retention  ->  the post model on old-task retention prompts: diagonal Fisher and
+    KFAC factors with their eigendecompositions (tensors/fisher/retention/{diagonal,kfac}.safetensors)
+python -m stages.fisher --which new        ->  the SFT model on the mined training prompts: diagonal Fisher, for the
+    Fisher-merging baseline (tensors/fisher/new/diagonal.safetensors)
 """
 from __future__ import annotations
+
+import argparse
 
 from graft.atomic import atomic_file, write_json
 from graft.chat import render_prompt
 from graft.fisher import estimate_diag_fisher
 from graft.generation import SamplingSpec, open_generator
+from graft.kfac import eigh_factor, estimate_kfac_factors
 from graft.modeling import load_model, load_tokenizer
-from graft.params import load_params
+from graft.schema import load_params
 from graft.tables import read_table
 from graft.tensors import save_tensors
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--which", choices=["retention", "new"], required=True)
+    which = ap.parse_args().which
     p, gen, chat, models, data = load_params("fisher", "generation", "chat", "models", "data")
-    retention = read_table(data.retention, "problems")
-    questions = [retention["question"][i % len(retention)] for i in range(p.n_rollouts)]
-    tokenizer = load_tokenizer(models.post, models.trust_remote_code)
+    if which == "retention":
+        model_dir, prompts_table = models.post, read_table(data.retention, "problems")
+    else:
+        model_dir, prompts_table = "models/finetuned/sft", read_table("data/mined/train.parquet", "hard_pool")
+    questions = [prompts_table["question"][i % len(prompts_table)] for i in range(p.n_rollouts)]
+    tokenizer = load_tokenizer(model_dir, models.trust_remote_code)
     prompts = [render_prompt(q, chat.thinking) for q in questions]
-    generator = open_generator(models.post, gen, models.trust_remote_code)
+    generator = open_generator(model_dir, gen, models.trust_remote_code)
     outs = generator.generate(prompts, SamplingSpec(n=1, temperature=p.temperature, top_p=gen.top_p,
                                                     max_new_tokens=p.max_new_tokens, seed=p.seed))
     generator.close()
     rollouts = [(tokenizer(pr, add_special_tokens=False)["input_ids"], list(o[0].token_ids))
                 for pr, o in zip(prompts, outs) if o[0].token_ids]
-    model = load_model(models.post, "float32", models.trust_remote_code)
-    fisher = estimate_diag_fisher(model, rollouts, tokenizer.pad_token_id)
-    with atomic_file("tensors/fisher/diagonal.safetensors") as tmp:
+    model = load_model(model_dir, "float32", models.trust_remote_code)
+    fisher = estimate_diag_fisher(model, rollouts, tokenizer.pad_token_id, p.chunk)
+    with atomic_file(f"tensors/fisher/{which}/diagonal.safetensors") as tmp:
         save_tensors(tmp, fisher)
-    total = sum(float(v.sum()) for v in fisher.values())
-    write_json("reports/fisher.json", {"rollouts": len(rollouts), "trace": total,
-                                       "mean_response_tokens": sum(len(r) for _, r in rollouts) / len(rollouts)})
-    print(f"fisher: {len(rollouts)} rollouts, trace {total:.4g}")
+    summary = {"rollouts": len(rollouts), "diagonal_trace": sum(float(v.sum()) for v in fisher.values()),
+               "mean_response_tokens": sum(len(r) for _, r in rollouts) / len(rollouts)}
+    if which == "retention":
+        factors = estimate_kfac_factors(model, rollouts, tokenizer.pad_token_id, p.chunk)
+        out = {}
+        for layer, (Q, P) in factors.items():
+            name = f"{layer}.weight"
+            out[f"{name}.P_eigvals"], out[f"{name}.P_eigvecs"] = eigh_factor(P)
+            out[f"{name}.Q_eigvals"], out[f"{name}.Q_eigvecs"] = eigh_factor(Q)
+            out[f"{name}.P"], out[f"{name}.Q"] = P, Q
+        with atomic_file("tensors/fisher/retention/kfac.safetensors") as tmp:
+            save_tensors(tmp, out)
+        summary["kfac_layers"] = len(factors)
+    write_json(f"reports/fisher/{which}.json", summary)
+    print(f"fisher {which}: {summary}")
 
 
 if __name__ == "__main__":

@@ -1,36 +1,39 @@
-"""mask: keep-mask zeroing exactly the top-rho fraction of graft-delta entries by F_j * delta_j^2.
+"""mask: M_rho(delta), the graft delta with exactly floor(rho * N) update directions removed.
 
-python -m stages.mask --rho R  ->  tensors/masks/rho<R>.safetensors (bool, True = keep), reports/masks/rho<R>.json
+python -m stages.mask --kind diagonal|kfac|random --rho R
+  diagonal: entries ranked by F_j * delta_j^2 (diagonal retention Fisher)
+  kfac:     eigen-directions u_i v_j^T of every block linear layer ranked by sigma_i d_j (u_i^T dW v_j)^2, entries
+            of every other tensor by the diagonal score, one global top-rho over both
+  random:   a seeded random selection of the same size (a control)
+-> tensors/masked/<kind>_rho<R>.safetensors (fp32 masked delta), reports/masks/<kind>_rho<R>.json
 """
 from __future__ import annotations
 
 import argparse
 
 from graft.atomic import atomic_file, write_json
-from graft.merging import diagonal_scores, exact_top_rho_keep
-from graft.tensors import TensorReader, save_tensors
+from graft.kfac import load_kfac_eigen
+from graft.merging import MaskPlan, write_masked_delta
+from graft.schema import load_params
+from graft.tensors import TensorReader
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--kind", choices=["diagonal", "kfac", "random"], required=True)
     ap.add_argument("--rho", type=float, required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--report", required=True)
     args = ap.parse_args()
-    with TensorReader("tensors/fisher/diagonal.safetensors") as f, TensorReader("tensors/delta/graft.safetensors") as d:
-        delta = dict(d.items())
-        scores = diagonal_scores(dict(f.items()), delta)
-    keep = exact_top_rho_keep(scores, args.rho)
-    with atomic_file(args.out) as tmp:
-        save_tensors(tmp, keep)
-    total = sum(s.numel() for s in scores.values())
-    masked = sum(int((~k).sum()) for k in keep.values())
-    score_total = sum(float(s.sum()) for s in scores.values())
-    score_masked = sum(float(s[~keep[n]].sum()) for n, s in scores.items())
-    write_json(args.report, {"rho": args.rho, "entries": total, "masked": masked,
-                             "score_share_masked": score_masked / score_total if score_total else 0.0})
-    print(f"mask rho={args.rho}: masked {masked}/{total} entries, {score_masked / max(score_total, 1e-30):.1%} "
-          f"of the Fisher-weighted delta")
+    p = load_params("mask")
+    name = f"{args.kind}_rho{args.rho}"
+    with TensorReader("tensors/delta/graft.safetensors") as delta, \
+            TensorReader("tensors/fisher/retention/diagonal.safetensors") as fisher:
+        kfac = load_kfac_eigen("tensors/fisher/retention/kfac.safetensors") if args.kind == "kfac" else None
+        plan = MaskPlan(args.kind, delta, fisher if args.kind != "random" else None, kfac, p.random_seed)
+        with atomic_file(f"tensors/masked/{name}.safetensors") as tmp:
+            stats = write_masked_delta(plan, args.rho, tmp)
+    write_json(f"reports/masks/{name}.json", {"kind": args.kind, "rho": args.rho, **stats})
+    print(f"mask {name}: removed {stats['masked']}/{stats['entries']} directions, "
+          f"{stats['score_share_masked']:.1%} of the score")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
-"""merge: write theta_post + lam * M(delta) as a model directory.
+"""merge: write theta_post + lam * delta as a model directory (streamed, sharded and typed like the post model).
 
-python -m stages.merge --delta tensors/delta/graft.safetensors --mask tensors/masks/rho0.05.safetensors --lam 0.5
-    --out models/merged/graft_lam0.5_rho0.05
-``--mask`` is omitted for the SFT+merge baseline (delta = sft - post).
+python -m stages.merge --delta tensors/masked/diagonal_rho0.05.safetensors --lam 0.5 --out models/merged/<point>
+The delta is the graft delta (unmasked or masked by the mask stage) or the SFT delta (SFT+merge baseline).
 """
 from __future__ import annotations
 
@@ -10,14 +9,13 @@ import argparse
 
 from graft.atomic import atomic_dir
 from graft.merging import merge_into_dir
-from graft.params import load_params
+from graft.schema import load_params
 from graft.tensors import check_compatible
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--delta", required=True)
-    ap.add_argument("--mask")
     ap.add_argument("--lam", type=float, required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -25,7 +23,7 @@ def main() -> None:
     if args.lam <= 0:
         raise SystemExit(f"merge: lam must be > 0, got {args.lam}")
     with atomic_dir(args.out) as tmp:
-        merge_into_dir(models.post, args.delta, args.mask, args.lam, tmp)
+        merge_into_dir(models.post, args.delta, args.lam, tmp)
         check_compatible(tmp, models.post)
     print(f"merged {args.out}")
 

@@ -12,7 +12,7 @@ from graft.atomic import write_parquet
 from graft.chat import render_prompt
 from graft.generation import SamplingSpec, open_generator
 from graft.grading import grade_math
-from graft.params import load_params
+from graft.schema import load_params
 from graft.tables import read_table
 
 

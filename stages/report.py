@@ -15,15 +15,20 @@ import pandas as pd  # noqa: E402
 
 from graft.atomic import atomic_file, write_json, write_parquet  # noqa: E402
 from graft.pareto import non_dominated  # noqa: E402
-from graft.params import load_params  # noqa: E402
+from graft.schema import load_params  # noqa: E402
 
-METHOD_ORDER = ["post", "sft", "sft_merge", "graft", "graft_mask"]
+METHOD_ORDER = ["post", "sft", "sft_merge", "fisher_merge", "graft", "graft_diagonal", "graft_kfac", "graft_random"]
 
 
 def current_points(sweep) -> list[str]:
-    """Names of the points the current params declare (stale point files from older sweeps are ignored)."""
-    names = ["post", "sft"] + [f"sft_merge_lam{lam}" for lam in sweep.lams]
-    names += [f"graft_lam{lam}_rho{rho}" for lam in sweep.lams for rho in sweep.rhos]
+    """Names of the points the current params declare (stale point files from older sweeps are ignored).
+
+    Must name points exactly as dvc.yaml does: values are rendered with Python's str(), as DVC renders them."""
+    names = ["post", "sft"]
+    names += [f"sft_merge_lam{lam}" for lam in sweep.lams]
+    names += [f"fisher_merge_lam{lam}" for lam in sweep.fisher_merge_lams]
+    names += [f"graft_lam{lam}" for lam in sweep.lams]
+    names += [f"graft_{kind}_lam{lam}_rho{rho}" for kind in sweep.masks for lam in sweep.lams for rho in sweep.rhos]
     return names
 
 
@@ -35,8 +40,6 @@ def load_points(names: list[str], folder: Path) -> pd.DataFrame:
             raise FileNotFoundError(f"report: point {name} has no {path}; run its evaluate stage")
         d = json.loads(path.read_text())
         method = d["method"]
-        if method == "graft" and d.get("rho"):
-            method = "graft_mask"
         row = {"name": name, "method": method, "lam": d.get("lam"), "rho": d.get("rho"),
                "new_task": d["new_task"], "old_task": d["old_task"]}
         for key, val in d.items():

@@ -9,7 +9,7 @@ from graft.atomic import write_json, write_parquet
 from graft.chat import render_prompt
 from graft.generation import SamplingSpec, open_generator
 from graft.offpolicy import COLUMNS, accept_rewrites
-from graft.params import load_params
+from graft.schema import load_params
 from graft.tables import read_table
 from graft.tasks import rewrite_question
 

@@ -6,15 +6,14 @@ from pathlib import Path
 
 from graft.atomic import atomic_dir, write_json, write_parquet
 from graft.modeling import save_model_dir
-from graft.params import ParamsError, load_params
+from graft.params import ParamsError
+from graft.schema_world import load_world_params
 from graft.world import build_world
 
 
 def main() -> None:
-    p, chat, models, data = load_params("world", "chat", "models", "data")
-    if len(models.pretrain_checkpoints) != len(p.pretrain.checkpoints):
-        raise ParamsError("params.yaml: models.pretrain_checkpoints must name one directory per "
-                          "world.pretrain.checkpoints fraction")
+    sections = load_world_params()
+    p, chat, models, data = (sections[k] for k in ("world", "chat", "models", "data"))
     out_models = {f"pretrain_{i}": Path(d) for i, d in enumerate(models.pretrain_checkpoints)}
     out_models.update(base=Path(models.base), post=Path(models.post), aligner=Path(models.aligner))
 

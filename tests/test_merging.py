@@ -4,8 +4,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from graft.merging import (compute_delta, diagonal_scores, exact_top_rho_keep, merge_into_dir, merge_tensor,
-                           top_rho_count)
+from graft.merging import (MaskPlan, compute_delta, diagonal_scores, exact_top_rho_keep, merge_into_dir,
+                           merge_tensor, top_rho_count, write_masked_delta)
 from graft.modeling import load_model, new_model, qwen3_config, save_model_dir
 from graft.tensors import CheckpointError, TensorReader, save_tensors
 from tests.conftest import TINY_SHAPE
@@ -71,13 +71,16 @@ def test_delta_and_merge_directories(tmp_path, tiny_tokenizer):
     for name in delta:
         assert torch.equal(delta[name], f[name].float() - b[name].float())
     save_tensors(tmp_path / "delta.safetensors", delta)
-    # rho = 0 mask merge == plain task arithmetic; lam=1 onto base reconstructs ft up to fp32 rounding
-    keep = exact_top_rho_keep({k: v.abs() for k, v in delta.items()}, 0.0)
-    save_tensors(tmp_path / "keep.safetensors", keep)
+    # rho = 0 masking keeps the delta bitwise, so its merge equals plain task arithmetic
+    with TensorReader(tmp_path / "delta.safetensors") as dr:
+        fisher = {k: torch.ones_like(v) for k, v in delta.items()}
+        save_tensors(tmp_path / "f.safetensors", fisher)
+        with TensorReader(tmp_path / "f.safetensors") as fr:
+            write_masked_delta(MaskPlan("diagonal", dr, fr), 0.0, tmp_path / "masked.safetensors")
     (tmp_path / "m1").mkdir()
     (tmp_path / "m2").mkdir()
-    merge_into_dir(base, tmp_path / "delta.safetensors", tmp_path / "keep.safetensors", 0.6, tmp_path / "m1")
-    merge_into_dir(base, tmp_path / "delta.safetensors", None, 0.6, tmp_path / "m2")
+    merge_into_dir(base, tmp_path / "masked.safetensors", 0.6, tmp_path / "m1")
+    merge_into_dir(base, tmp_path / "delta.safetensors", 0.6, tmp_path / "m2")
     m1, m2 = dict(TensorReader(tmp_path / "m1").items()), dict(TensorReader(tmp_path / "m2").items())
     for name in b:
         assert torch.equal(m1[name], m2[name])
@@ -99,7 +102,7 @@ def test_merge_preserves_shards(tmp_path, tiny_tokenizer):
     save_tensors(tmp_path / "d.safetensors", delta)
     out = tmp_path / "out"
     out.mkdir()
-    merge_into_dir(post, tmp_path / "d.safetensors", None, 2.0, out)
+    merge_into_dir(post, tmp_path / "d.safetensors", 2.0, out)
     assert sorted(p.name for p in out.glob("*.safetensors")) == sorted(p.name for p in post.glob("*.safetensors"))
     merged = dict(TensorReader(out).items())
     for name, w in TensorReader(post).items():
@@ -130,3 +133,49 @@ def test_pickle_weights_are_refused(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
     with pytest.raises(CheckpointError, match="safetensors only"):
         TensorReader(tmp_path)
+
+
+def test_sharded_bf16_tied_padded_checkpoint_merges_loads_and_generates(tmp_path, tiny_tokenizer):
+    """A real-model layout: bf16 weights, tied embeddings, vocab padded past the tokenizer, several shards."""
+    from graft.generation import HFGenerator, SamplingSpec
+
+    cfg = qwen3_config(tiny_tokenizer, TINY_SHAPE, 64)
+    cfg.tie_word_embeddings = True
+    cfg.vocab_size = len(tiny_tokenizer) + 13  # padded vocab, as real checkpoints often have
+    dirs = {}
+    for name, seed in (("post", 0), ("donor", 1), ("donor_ft", 2)):
+        m = new_model(cfg, seed).to(torch.bfloat16)
+        d = tmp_path / name
+        m.save_pretrained(d, safe_serialization=True, max_shard_size="60KB")
+        tiny_tokenizer.save_pretrained(d)
+        dirs[name] = d
+    post = TensorReader(dirs["post"])
+    assert "lm_head.weight" not in post.names() and len(post.shards()) > 1
+    delta = compute_delta(dirs["donor_ft"], dirs["donor"])
+    save_tensors(tmp_path / "delta.safetensors", delta)
+    out = tmp_path / "merged"
+    out.mkdir()
+    merge_into_dir(dirs["post"], tmp_path / "delta.safetensors", 0.5, out)
+    merged = TensorReader(out)
+    assert merged.shards().keys() == post.shards().keys()
+    for name in post.names():
+        w = merged.get(name)
+        assert w.dtype == torch.bfloat16
+        assert torch.equal(w, (post.get(name).float() + 0.5 * delta[name]).to(torch.bfloat16))
+    model = load_model(out, dtype="bfloat16")
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    gen = HFGenerator(out, dtype="float32")
+    got = gen.generate(["<|im_start|>user\n1+2=?<|im_end|>\n<|im_start|>assistant\n"],
+                       SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=5, seed=0))
+    assert len(got[0][0].token_ids) == 5 or got[0][0].token_ids[-1] == gen.stop_id
+
+
+def test_mismatched_tensor_names_are_named(tmp_path, tiny_tokenizer):
+    cfg = qwen3_config(tiny_tokenizer, TINY_SHAPE, 64)
+    post = _save(new_model(cfg, 0), tiny_tokenizer, tmp_path / "post")
+    delta = {k: v.float() for k, v in TensorReader(post).items()}
+    delta["model.extra.weight"] = torch.zeros(2)
+    save_tensors(tmp_path / "d.safetensors", delta)
+    (tmp_path / "o").mkdir()
+    with pytest.raises(CheckpointError, match="model.extra.weight"):
+        merge_into_dir(post, tmp_path / "d.safetensors", 1.0, tmp_path / "o")

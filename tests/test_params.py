@@ -3,7 +3,8 @@ import copy
 import pytest
 import yaml
 
-from graft.params import ParamsError, validate
+from graft.params import ParamsError
+from graft.schema import validate
 from tests.conftest import REPO
 
 DEFAULT = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -21,7 +22,12 @@ def test_default_params_validate():
     (lambda d: d["mine"].update({"k": 0}), "mine.k must be > 0"),
     (lambda d: d["mine"].update({"k": "8"}), "mine.k must be an integer"),
     (lambda d: d["mine"].update({"k": True}), "mine.k must be an integer, got a boolean"),
-    (lambda d: d["sweep"].update({"rhos": [0.0, 1.0]}), "sweep.rhos[1] must be in [0, 1)"),
+    (lambda d: d["sweep"].update({"rhos": [0.05, 1.0]}), "sweep.rhos[1] must be in (0, 1)"),
+    (lambda d: d["sweep"].update({"rhos": [0.0]}), "sweep.rhos[0] must be in (0, 1)"),
+    (lambda d: d["sweep"].update({"masks": ["diagonal", "l2"]}), "sweep.masks must be a non-empty list of"),
+    (lambda d: d["sweep"].update({"fisher_merge_lams": [1.5]}), "sweep.fisher_merge_lams[0] must be in (0, 1]"),
+    (lambda d: d["fisher"].update({"chunk": 0}), "fisher.chunk must be > 0"),
+    (lambda d: d["models"].update({"pretrain_checkpoints": []}), "models.pretrain_checkpoints must name one"),
     (lambda d: d["sweep"].update({"lams": [0.0]}), "sweep.lams[0] must be > 0"),
     (lambda d: d["sweep"].update({"lams": []}), "sweep.lams must be non-empty"),
     (lambda d: d["sweep"].update({"lams": [0.5, 0.5]}), "sweep.lams has a repeated value"),

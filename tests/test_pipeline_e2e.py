@@ -60,10 +60,14 @@ def repo(tmp_path_factory) -> Path:
 
 def test_full_dag_runs_and_writes_the_report(repo):
     log = run(["dvc", "repro"], repo)
-    assert {"world", "mine", "teacher", "synthself", "fisher", "report"} <= ran_stages(log)
+    assert {"world", "mine", "teacher", "synthself", "fisher@retention", "fisher@new", "fisher_share",
+            "report"} <= ran_stages(log)
     points = pd.read_parquet(repo / "reports/points.parquet")
-    assert set(points.method) == {"post", "sft", "sft_merge", "graft", "graft_mask"}
-    assert len(points) == 2 + 2 + 2 * 2
+    assert set(points.method) == {"post", "sft", "sft_merge", "fisher_merge", "graft", "graft_diagonal",
+                                  "graft_kfac", "graft_random"}
+    assert len(points) == 2 + 2 + 1 + 2 + 3 * 2
+    share = pd.read_parquet(repo / "reports/fisher_share.parquet")
+    assert set(share.delta) == {"graft", "sft"} and share.share_of_fisher_weighted_delta.between(0, 1).all()
     assert points.new_task.between(0, 1).all() and points.old_task.between(0, 1).all()
     assert points.frontier.any()
     assert (repo / "reports/pareto.png").stat().st_size > 1000
@@ -82,27 +86,30 @@ def test_nothing_changed_nothing_runs(repo):
 def test_new_lambda_runs_only_merge_evaluate_report(repo):
     set_param(repo, "sweep", "lams", [0.5, 0.75])
     ran = ran_stages(run(["dvc", "repro"], repo))
-    assert ran == {"merge_graft@0.75-0.0", "merge_graft@0.75-0.1", "merge_sft@0.75",
-                   "evaluate_graft@0.75-0.0", "evaluate_graft@0.75-0.1", "evaluate_sft_merge@0.75", "report"}
+    kinds = ("diagonal", "kfac", "random")
+    assert ran == {"merge_graft@0.75", "merge_sft@0.75", "evaluate_graft@0.75", "evaluate_sft_merge@0.75", "report",
+                   *[f"merge_graft_mask@{k}-0.75-0.1" for k in kinds],
+                   *[f"evaluate_graft_mask@{k}-0.75-0.1" for k in kinds]}
     points = pd.read_parquet(repo / "reports/points.parquet")
     assert sorted(points.lam.dropna().unique()) == [0.5, 0.75]
 
 
 def test_new_rho_does_not_refinetune_or_reestimate_fisher(repo):
-    set_param(repo, "sweep", "rhos", [0.0, 0.2])
+    set_param(repo, "sweep", "rhos", [0.1, 0.2])
     ran = ran_stages(run(["dvc", "repro"], repo))
-    assert "mask@0.2" in ran and "report" in ran
-    assert not ran & {"world", "mine", "teacher", "synthself", "finetune@donor", "finetune@sft", "fisher",
-                      "delta@graft", "delta@sft", "mask@0.0"}
-    assert all(s.startswith(("mask@", "merge_graft@", "evaluate_graft@", "report")) for s in ran)
+    assert {"mask@diagonal-0.2", "mask@kfac-0.2", "mask@random-0.2", "report"} <= ran
+    assert not ran & {"world", "mine", "teacher", "synthself", "finetune@donor", "finetune@sft", "fisher@retention",
+                      "fisher@new", "delta@graft", "delta@sft", "mask@diagonal-0.1", "fisher_share"}
+    assert all(s.startswith(("mask@", "merge_graft_mask@", "evaluate_graft_mask@", "report")) for s in ran)
     run(["git", "add", "-A"], repo)
     run(["git", "commit", "-qm", "sweep"], repo)
 
 
 def test_dvc_exp_run_and_show(repo):
-    run(["dvc", "exp", "run", "-S", "sweep.lams=[0.5]", "-S", "sweep.rhos=[0.0]", "-n", "one-lam"], repo)
+    run(["dvc", "exp", "run", "-S", "sweep.lams=[0.5]", "-S", "sweep.rhos=[0.1]", "-n", "one-lam"], repo)
     csv = run(["dvc", "exp", "show", "--csv"], repo)
     header = csv.splitlines()[0]
-    for col in ("post.new_task", "post.old_task", "graft_lam0.5_rho0.0.new_task", "sft_merge_lam0.5.old_task"):
+    for col in ("post.new_task", "post.old_task", "graft_lam0.5.new_task", "graft_kfac_lam0.5_rho0.1.old_task",
+                "sft_merge_lam0.5.old_task"):
         assert col in header, header
     assert "one-lam" in csv

@@ -1,0 +1,98 @@
+"""params.yaml schema: every section, typed and range-checked. ``load_params`` validates the whole file, so a typo
+anywhere fails every stage at once, in a second, with one line naming the key."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from graft.params import (BOOL, DTYPE, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section,
+                          nonneg, positive, read_yaml, unit_open, validate_sections)
+from graft.schema_world import WORLD_SCHEMA, check_world
+
+MASKS = ("diagonal", "kfac", "random")
+
+SCHEMA: dict[str, dict] = {
+    **WORLD_SCHEMA,
+    "generation": {
+        "backend": Field(STR, lambda s: s in ("vllm", "hf"), "one of vllm, hf"),
+        "dtype": DTYPE,
+        "top_p": Field(NUM, lambda x: 0 < x <= 1, "in (0, 1]"),
+        "batch_size": POS_INT,
+        "max_model_len": POS_INT,
+        "vllm_memory_fraction": Field(NUM, lambda x: 0 < x <= 1, "in (0, 1]"),
+        "vllm_enforce_eager": Field(BOOL),
+    },
+    "mine": {
+        "k": POS_INT,
+        "temperature": POS_NUM,
+        "max_successes": NONNEG_INT,
+        "heldout": POS_INT,
+        "max_new_tokens": POS_INT,
+        "seed": SEED,
+    },
+    "synthself": {"max_new_tokens": POS_INT},
+    "finetune": {
+        "donor": Field(STR),
+        "source": Field(STR, lambda s: s in ("teacher", "synthself"), "one of teacher, synthself"),
+        "lr": POS_NUM,
+        "epochs": POS_INT,
+        "batch_size": POS_INT,
+        "max_len": POS_INT,
+        "warmup_ratio": Field(NUM, unit_open, "in [0, 1)"),
+        "weight_decay": Field(NUM, nonneg, ">= 0"),
+        "betas": Field(list, lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two values in [0, 1)",
+                       item=Field(NUM)),
+        "grad_clip": POS_NUM,
+        "dtype": DTYPE,
+        "seed": SEED,
+    },
+    "fisher": {
+        "n_rollouts": POS_INT,
+        "max_new_tokens": POS_INT,
+        "temperature": POS_NUM,
+        "seed": SEED,
+        "chunk": POS_INT,
+    },
+    "mask": {"random_seed": SEED},
+    "fisher_merge": {"floor": Field(NUM, positive, "> 0")},
+    "sweep": {
+        "lams": Field(list, lambda v: len(v) > 0, "non-empty", item=Field(NUM, positive, "> 0")),
+        "rhos": Field(list, lambda v: len(v) > 0, "non-empty", item=Field(NUM, lambda x: 0 < x < 1, "in (0, 1)")),
+        "fisher_merge_lams": Field(list, lambda v: len(v) > 0, "non-empty",
+                                   item=Field(NUM, lambda x: 0 < x <= 1, "in (0, 1]")),
+        "masks": Field(list, lambda v: len(v) > 0 and all(m in MASKS for m in v),
+                       f"a non-empty list of {', '.join(MASKS)}", item=Field(STR)),
+    },
+    "evaluate": {
+        "n_samples": POS_INT,
+        "temperature": POS_NUM,
+        "pass_k": Field(list, lambda v: len(v) > 0, "non-empty", item=POS_INT),
+        "max_new_tokens": POS_INT,
+        "seed": SEED,
+    },
+}
+
+
+def check_cross(p: dict[str, Section]) -> None:
+    check_world(p)
+    if len(set(p["sweep"].lams)) != len(p["sweep"].lams):
+        raise ParamsError("params.yaml: sweep.lams has a repeated value")
+    for key in ("rhos", "masks", "fisher_merge_lams"):
+        if len(set(p["sweep"][key])) != len(p["sweep"][key]):
+            raise ParamsError(f"params.yaml: sweep.{key} has a repeated value")
+
+
+def validate(raw: dict) -> dict[str, Section]:
+    out = validate_sections(raw, SCHEMA)
+    check_cross(out)
+    return out
+
+
+def load_all(path: str | Path = "params.yaml") -> dict[str, Section]:
+    return validate(read_yaml(path))
+
+
+def load_params(*sections: str, path: str | Path = "params.yaml") -> Section | tuple[Section, ...]:
+    """Validate the whole file and return the named sections."""
+    allp = load_all(path)
+    got = tuple(allp[s] for s in sections)
+    return got[0] if len(got) == 1 else got

@@ -1,0 +1,80 @@
+"""params.yaml schema of the sections the `world` stage reads (chat, models, data, world).
+
+Kept apart from the other sections' schema (``graft.schema``) so that the world stage, whose committed outputs take
+minutes to rebuild, depends only on the code that can change them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from graft.params import (BOOL, INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section, read_yaml,
+                          validate_sections)
+
+MODEL_SHAPE = {
+    "hidden_size": POS_INT,
+    "intermediate_size": POS_INT,
+    "num_hidden_layers": POS_INT,
+    "num_attention_heads": POS_INT,
+    "num_key_value_heads": POS_INT,
+    "head_dim": POS_INT,
+}
+
+WORLD_SCHEMA: dict[str, dict] = {
+    "chat": {"thinking": Field(BOOL)},
+    "models": {
+        "pretrain_checkpoints": Field(list, item=Field(STR)),
+        "base": Field(STR),
+        "post": Field(STR),
+        "aligner": Field(STR),
+        "trust_remote_code": Field(BOOL),
+    },
+    "data": {
+        "old_suites": Field(dict, item=Field(STR)),
+        "hard_pool": Field(STR),
+        "retention": Field(STR),
+    },
+    "world": {
+        "seed": SEED,
+        "tokenizer_vocab_size": Field(INT, lambda x: x >= 300, ">= 300"),
+        "corpus_problems": POS_INT,
+        "student": MODEL_SHAPE,
+        "aligner": MODEL_SHAPE,
+        "max_position_embeddings": POS_INT,
+        "pretrain": {
+            "steps": POS_INT,
+            "aligner_steps": POS_INT,
+            "batch_size": POS_INT,
+            "seq_len": POS_INT,
+            "lr": POS_NUM,
+            "checkpoints": Field(list, item=Field(NUM, lambda x: 0 < x < 1, "in (0, 1)")),
+        },
+        "posttrain": {
+            "steps": POS_INT,
+            "batch_size": POS_INT,
+            "lr": POS_NUM,
+            "n_examples": POS_INT,
+        },
+        "eval_per_suite": POS_INT,
+        "hard_pool_size": POS_INT,
+        "retention_size": POS_INT,
+    },
+}
+
+
+def check_world(p: dict[str, Section]) -> None:
+    if not p["data"].old_suites:
+        raise ParamsError("params.yaml: data.old_suites must name at least one old-task suite")
+    for key in ("student", "aligner"):
+        shape = p["world"][key]
+        if shape.num_attention_heads % shape.num_key_value_heads:
+            raise ParamsError(f"params.yaml: world.{key}.num_attention_heads must be a multiple of num_key_value_heads")
+    if len(p["models"].pretrain_checkpoints) != len(p["world"].pretrain.checkpoints):
+        raise ParamsError("params.yaml: models.pretrain_checkpoints must name one directory per "
+                          "world.pretrain.checkpoints fraction")
+
+
+def load_world_params(path: str | Path = "params.yaml") -> dict[str, Section]:
+    """The world stage's sections only (the other stages validate the whole file)."""
+    out = validate_sections(read_yaml(path), WORLD_SCHEMA, only=True)
+    check_world(out)
+    return out
