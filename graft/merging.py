@@ -17,7 +17,7 @@ import torch
 from graft.kfac import kfac_project, kfac_scores
 from graft.selection import select_top_k, top_rho_count
 from graft.tensors import (INDEX, CheckpointError, TensorReader, check_compatible, copy_model_files, dtype_of,
-                           save_tensors, write_safetensors_streamed)
+                           write_safetensors_streamed)
 
 MASK_KINDS = ("none", "diagonal", "kfac", "random")
 
@@ -228,7 +228,3 @@ def fisher_share_top(fisher: Mapping[str, torch.Tensor] | TensorReader, delta: T
         den += float(s.double().sum())
         num += float(s.double()[sel[n]].sum())
     return num / den if den else 0.0
-
-
-def save_keep_masks(path: str | Path, keep: Mapping[str, torch.Tensor]) -> None:
-    save_tensors(path, dict(keep))

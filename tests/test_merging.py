@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from graft.merging import (MaskPlan, compute_delta, diagonal_scores, exact_top_rho_keep, merge_into_dir,
+from graft.merging import (MaskPlan, compute_delta, write_delta, diagonal_scores, exact_top_rho_keep, merge_into_dir,
                            merge_tensor, top_rho_count, write_masked_delta)
 from graft.modeling import load_model, new_model, qwen3_config, save_model_dir
 from graft.tensors import CheckpointError, TensorReader, save_tensors
@@ -70,7 +70,9 @@ def test_delta_and_merge_directories(tmp_path, tiny_tokenizer):
     assert set(delta) == set(b)
     for name in delta:
         assert torch.equal(delta[name], f[name].float() - b[name].float())
-    save_tensors(tmp_path / "delta.safetensors", delta)
+    write_delta(ft, base, tmp_path / "delta.safetensors")  # streamed: bitwise equal to the in-memory delta
+    streamed = dict(TensorReader(tmp_path / "delta.safetensors").items())
+    assert all(torch.equal(streamed[k], delta[k]) and streamed[k].dtype == torch.float32 for k in delta)
     # rho = 0 masking keeps the delta bitwise, so its merge equals plain task arithmetic
     with TensorReader(tmp_path / "delta.safetensors") as dr:
         fisher = {k: torch.ones_like(v) for k, v in delta.items()}
