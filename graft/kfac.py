@@ -101,16 +101,3 @@ def kfac_project(dW: torch.Tensor, U: torch.Tensor, V: torch.Tensor, drop: torch
     rot = U.T @ dW.float() @ V
     return U @ rot.masked_fill(drop, 0.0) @ V.T
 
-
-def load_kfac_eigen(path) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """{weight name: (U, sigma, V, d)} from a KFAC file written by the fisher stage."""
-    from graft.tensors import TensorReader
-
-    out = {}
-    with TensorReader(path) as r:
-        for key in r.names():
-            if key.endswith(".P_eigvecs"):
-                name = key[: -len(".P_eigvecs")]
-                out[name] = (r.get(f"{name}.P_eigvecs"), r.get(f"{name}.P_eigvals"),
-                             r.get(f"{name}.Q_eigvecs"), r.get(f"{name}.Q_eigvals"))
-    return out

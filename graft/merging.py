@@ -16,8 +16,7 @@ import torch
 
 from graft.kfac import kfac_project, kfac_scores
 from graft.selection import select_top_k, top_rho_count
-from graft.tensors import (INDEX, CheckpointError, TensorReader, check_compatible, copy_model_files, dtype_of,
-                           write_safetensors_streamed)
+from graft.tensors import INDEX, CheckpointError, TensorReader, check_compatible, copy_model_files, write_like
 
 MASK_KINDS = ("none", "diagonal", "kfac", "random")
 
@@ -37,24 +36,22 @@ def _same_tensors(a: TensorReader, b: TensorReader, what: str) -> None:
         raise CheckpointError(f"{what}: {a.path} and {b.path} hold different tensors, e.g. {diff[0]}")
 
 
-def write_delta(ft_dir: str | Path, base_dir: str | Path, out: str | Path) -> dict[str, float]:
-    """Stream ft - base (fp32, keyed by parameter name) into one safetensors file. Returns its squared norm per tensor."""
+def write_delta(ft_dir: str | Path, base_dir: str | Path, out_dir: str | Path) -> dict[str, float]:
+    """Stream ft - base (fp32, keyed by parameter name) into ``out_dir``, sharded like ft. Returns squared norms."""
     check_compatible(ft_dir, base_dir)
     norms: dict[str, float] = {}
     with TensorReader(ft_dir) as ft, TensorReader(base_dir) as base:
         _same_tensors(ft, base, "delta")
-        specs = []
         for name in ft.names():
             if ft.shape(name) != base.shape(name):
                 raise CheckpointError(f"tensor {name}: shape {ft.shape(name)} vs {base.shape(name)}")
-            specs.append((name, torch.float32, ft.shape(name)))
 
         def produce(name: str) -> torch.Tensor:
             d = tensor_delta(ft.get(name), base.get(name), name)
             norms[name] = float(d.double().pow(2).sum())
             return d
 
-        write_safetensors_streamed(out, specs, produce)
+        write_like(ft, out_dir, torch.float32, produce)
     return norms
 
 
@@ -90,53 +87,68 @@ def random_scores(name: str, shape: list[int], seed: int) -> torch.Tensor:
 class MaskPlan:
     """How to score and project each delta tensor for one mask kind.
 
-    ``kfac`` holds, per 2-D linear weight inside the blocks, (U, sigma, V, d) from the eigendecompositions of P and
-    Q; every other tensor is scored diagonally (KFAC of a vocab x vocab factor is out of reach).
+    For ``kfac``, ``kfac`` is the fisher stage's KFAC file: per 2-D linear weight inside the blocks, the
+    eigendecompositions of P (U, sigma) and Q (V, d), read one layer at a time; every other tensor is scored
+    diagonally (a vocab x vocab factor is out of reach).
     """
 
     def __init__(self, kind: str, delta: TensorReader, fisher: TensorReader | None = None,
-                 kfac: Mapping[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
-                 seed: int = 0):
+                 kfac: TensorReader | None = None, seed: int = 0):
         if kind not in MASK_KINDS:
             raise ValueError(f"mask kind must be one of {MASK_KINDS}, got {kind!r}")
         if kind in ("diagonal", "kfac") and fisher is None:
             raise ValueError(f"mask kind {kind} needs a diagonal Fisher")
+        if kind == "kfac" and kfac is None:
+            raise ValueError("mask kind kfac needs the KFAC factors")
         self.kind, self.delta, self.fisher, self.seed = kind, delta, fisher, seed
-        self.kfac = dict(kfac or {}) if kind == "kfac" else {}
-        for name, (U, _, V, _) in self.kfac.items():
+        self.kfac = kfac if kind == "kfac" else None
+        self.kfac_names = set()
+        if self.kfac is not None:
+            self.kfac_names = {k[: -len(".P_eigvecs")] for k in self.kfac.names() if k.endswith(".P_eigvecs")}
+        self._cached: tuple[str, tuple] | None = None
+        for name in sorted(self.kfac_names):
             if name not in delta:
                 raise CheckpointError(f"KFAC factors for {name}, which the delta does not hold")
             shape = delta.shape(name)
-            if [U.shape[0], V.shape[0]] != shape:
-                raise CheckpointError(f"tensor {name}: KFAC factors {U.shape[0]}x{V.shape[0]} vs delta {shape}")
+            got = [self.kfac.shape(f"{name}.P_eigvecs")[0], self.kfac.shape(f"{name}.Q_eigvecs")[0]]
+            if got != shape:
+                raise CheckpointError(f"tensor {name}: KFAC factors {got[0]}x{got[1]} vs delta {shape}")
         if fisher is not None:
             missing = sorted(set(delta.names()) - set(fisher.names()))
             if missing:
                 raise CheckpointError(f"tensor {missing[0]}: no Fisher entry")
 
+    def eigen(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(U, sigma, V, d) of one layer; the last one read is kept, since scoring and projecting follow each other."""
+        if self._cached is None or self._cached[0] != name:
+            r = self.kfac
+            self._cached = (name, (r.get(f"{name}.P_eigvecs"), r.get(f"{name}.P_eigvals"),
+                                   r.get(f"{name}.Q_eigvecs"), r.get(f"{name}.Q_eigvals")))
+        return self._cached[1]
+
     def scores(self, name: str, d: torch.Tensor) -> torch.Tensor:
         if self.kind == "random":
             return random_scores(name, list(d.shape), self.seed)
-        if name in self.kfac:
-            U, sigma, V, dd = self.kfac[name]
-            return kfac_scores(d, U, sigma, V, dd)
+        if name in self.kfac_names:
+            return kfac_scores(d, *self.eigen(name))
         return diagonal_score(self.fisher.get(name), d, name)
 
     def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name in self.delta.names():
+        for name in self.delta.ordered_names():
             yield name, self.scores(name, self.delta.get(name))
 
     def project(self, name: str, d: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
-        if name in self.kfac:
-            U, _, V, _ = self.kfac[name]
+        if name in self.kfac_names:
+            U, _, V, _ = self.eigen(name)
             return kfac_project(d, U, V, drop)
         return d.float().masked_fill(drop, 0.0)
 
 
-def write_masked_delta(plan: MaskPlan, rho: float, out: str | Path) -> dict[str, float]:
-    """Stream M_rho(delta) to ``out``: exactly floor(rho * N) directions (entries or KFAC eigen-directions) with the
-    highest scores are removed. Returns counts and the share of the total score removed."""
-    names = plan.delta.names()
+def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[str, float]:
+    """Stream M_rho(delta) into ``out_dir`` (sharded like the delta): exactly floor(rho * N) directions (entries or
+    KFAC eigen-directions) with the highest scores are removed; ties go to the earliest position in the delta's
+    streaming order (``TensorReader.ordered_names``, row-major). Returns counts and the share of score removed."""
+    names = plan.delta.ordered_names()
     total = sum(_numel(plan.delta.shape(n)) for n in names)
     k = top_rho_count(total, rho) if plan.kind != "none" else 0
     if k == 0:  # nothing to select: skip scoring entirely (kind none needs no Fisher)
@@ -144,7 +156,6 @@ def write_masked_delta(plan: MaskPlan, rho: float, out: str | Path) -> dict[str,
     else:
         selection = select_top_k(plan.stream, k)
     stats = {"entries": total, "masked": 0, "score_total": 0.0, "score_masked": 0.0}
-    specs = [(n, torch.float32, plan.delta.shape(n)) for n in names]
 
     def produce(name: str) -> torch.Tensor:
         sel_name, drop = next(selection)
@@ -157,7 +168,7 @@ def write_masked_delta(plan: MaskPlan, rho: float, out: str | Path) -> dict[str,
         stats["masked"] += int(drop.sum())
         return plan.project(name, d, drop)
 
-    write_safetensors_streamed(out, specs, produce)
+    write_like(plan.delta, out_dir, torch.float32, produce)
     stats["score_share_masked"] = stats["score_masked"] / stats["score_total"] if stats["score_total"] else 0.0
     return stats
 
@@ -197,10 +208,8 @@ def merge_into_dir(post_dir: str | Path, delta_path: str | Path, lam: float, out
             if post.shape(name) != delta.shape(name):
                 raise CheckpointError(f"tensor {name}: post shape {post.shape(name)} vs delta {delta.shape(name)}")
         rule = combine or (lambda name, w, d: merge_tensor(w, d, None, lam))
-        for shard, names in post.shards().items():
-            specs = [(n, dtype_of(post, n), post.shape(n)) for n in names]
-            write_safetensors_streamed(out_dir / shard, specs, lambda n: rule(n, post.get(n), delta.get(n)))
-        if (Path(post_dir) / INDEX).exists():
+        write_like(post, out_dir, None, lambda n: rule(n, post.get(n), delta.get(n)))
+        if (Path(post_dir) / INDEX).exists():  # keep the post model's own index metadata (e.g. total_size)
             index = json.loads((Path(post_dir) / INDEX).read_text())
             (out_dir / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
 
@@ -218,7 +227,7 @@ def fisher_share_top(fisher: Mapping[str, torch.Tensor] | TensorReader, delta: T
                      ) -> float:
     """Share of sum_j F_j delta_j^2 that falls in the top ``top`` fraction of coordinates ranked by F (paper Fig. 8)."""
     get = fisher.get
-    names = delta.names()
+    names = delta.ordered_names()
     total = sum(_numel(delta.shape(n)) for n in names)
     k = max(1, top_rho_count(total, top))
     sel = dict(select_top_k(lambda: ((n, get(n)) for n in names), k))

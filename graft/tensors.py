@@ -8,7 +8,7 @@ import json
 import shutil
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -64,10 +64,19 @@ class TensorReader:
         return sorted(self.where)
 
     def shards(self) -> dict[str, list[str]]:
+        """shard file -> its tensor names; shards sorted by file name, names sorted within a shard."""
         out: dict[str, list[str]] = {}
         for name, shard in sorted(self.where.items()):
             out.setdefault(shard, []).append(name)
-        return out
+        return dict(sorted(out.items()))
+
+    def ordered_names(self) -> list[str]:
+        """The streaming order used everywhere (selection, tie-breaking, writing): shard by shard, sorted within."""
+        return [n for names in self.shards().values() for n in names]
+
+    @property
+    def sharded(self) -> bool:
+        return self.path.is_dir() and (self.path / INDEX).exists()
 
     def __contains__(self, name: str) -> bool:
         return name in self.where
@@ -141,6 +150,23 @@ def write_safetensors_streamed(path: str | Path, specs: list[tuple[str, torch.dt
             if t.dtype != dtype or list(t.shape) != list(shape):
                 raise CheckpointError(f"tensor {name}: produced {t.dtype} {list(t.shape)}, expected {dtype} {shape}")
             f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def write_like(layout: TensorReader, out_dir: str | Path, dtype: torch.dtype | None,
+               produce: Callable[[str], torch.Tensor]) -> None:
+    """Write one tensor per name of ``layout`` into ``out_dir`` with the same shard files (and index), streaming in
+    ``layout.ordered_names()`` order. ``dtype`` None keeps each tensor's dtype in ``layout``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards = layout.shards()
+    if not layout.sharded:
+        shards = {SINGLE: [n for ns in shards.values() for n in ns]}
+    for shard, names in shards.items():
+        specs = [(n, dtype or dtype_of(layout, n), layout.shape(n)) for n in names]
+        write_safetensors_streamed(out_dir / shard, specs, produce)
+    if layout.sharded:
+        weight_map = {n: s for s, ns in shards.items() for n in ns}
+        (out_dir / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2, sort_keys=True))
 
 
 def dtype_of(reader: "TensorReader", name: str) -> torch.dtype:

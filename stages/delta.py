@@ -1,13 +1,13 @@
 """delta: the task vector of a finetune, fp32 safetensors keyed by parameter name, streamed tensor by tensor.
 
-python -m stages.delta --kind graft  ->  tensors/delta/graft.safetensors  (donor_ft - donor)
-python -m stages.delta --kind sft    ->  tensors/delta/sft.safetensors    (sft - post)
+python -m stages.delta --kind graft  ->  tensors/delta/graft/  (donor_ft - donor, sharded like donor_ft)
+python -m stages.delta --kind sft    ->  tensors/delta/sft/    (sft - post)
 """
 from __future__ import annotations
 
 import argparse
 
-from graft.atomic import atomic_file
+from graft.atomic import atomic_dir
 from graft.merging import write_delta
 from graft.schema import load_params
 from graft.tensors import check_compatible
@@ -23,7 +23,7 @@ def main() -> None:
         pair = ("models/finetuned/donor", ft.donor)
     else:
         pair = ("models/finetuned/sft", models.post)
-    with atomic_file(f"tensors/delta/{kind}.safetensors") as tmp:
+    with atomic_dir(f"tensors/delta/{kind}") as tmp:
         norms = write_delta(*pair, tmp)
     print(f"delta {kind}: {len(norms)} tensors, norm {sum(norms.values()) ** 0.5:.4f}")
 

@@ -18,7 +18,7 @@ def main() -> None:
     rows = []
     with TensorReader("tensors/fisher/retention/diagonal.safetensors") as fisher:
         for kind in ("graft", "sft"):
-            with TensorReader(f"tensors/delta/{kind}.safetensors") as delta:
+            with TensorReader(f"tensors/delta/{kind}") as delta:
                 rows.append({"delta": kind, "top_fraction_by_fisher": TOP,
                              "share_of_fisher_weighted_delta": fisher_share_top(fisher, delta, TOP)})
     df = pd.DataFrame(rows)

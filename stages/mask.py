@@ -5,14 +5,13 @@ python -m stages.mask --kind diagonal|kfac|random --rho R
   kfac:     eigen-directions u_i v_j^T of every block linear layer ranked by sigma_i d_j (u_i^T dW v_j)^2, entries
             of every other tensor by the diagonal score, one global top-rho over both
   random:   a seeded random selection of the same size (a control)
--> tensors/masked/<kind>_rho<R>.safetensors (fp32 masked delta), reports/masks/<kind>_rho<R>.json
+-> tensors/masked/<kind>_rho<R>/ (fp32 masked delta, sharded like the delta), reports/masks/<kind>_rho<R>.json
 """
 from __future__ import annotations
 
 import argparse
 
-from graft.atomic import atomic_file, write_json
-from graft.kfac import load_kfac_eigen
+from graft.atomic import atomic_dir, write_json
 from graft.merging import MaskPlan, write_masked_delta
 from graft.schema import load_params
 from graft.tensors import TensorReader
@@ -25,12 +24,12 @@ def main() -> None:
     args = ap.parse_args()
     p = load_params("mask")
     name = f"{args.kind}_rho{args.rho}"
-    with TensorReader("tensors/delta/graft.safetensors") as delta, \
-            TensorReader("tensors/fisher/retention/diagonal.safetensors") as fisher:
-        kfac = load_kfac_eigen("tensors/fisher/retention/kfac.safetensors") if args.kind == "kfac" else None
+    with TensorReader("tensors/delta/graft") as delta, \
+            TensorReader("tensors/fisher/retention/diagonal.safetensors") as fisher, \
+            TensorReader("tensors/fisher/retention/kfac.safetensors") as kfac, \
+            atomic_dir(f"tensors/masked/{name}") as tmp:
         plan = MaskPlan(args.kind, delta, fisher if args.kind != "random" else None, kfac, p.random_seed)
-        with atomic_file(f"tensors/masked/{name}.safetensors") as tmp:
-            stats = write_masked_delta(plan, args.rho, tmp)
+        stats = write_masked_delta(plan, args.rho, tmp)
     write_json(f"reports/masks/{name}.json", {"kind": args.kind, "rho": args.rho, **stats})
     print(f"mask {name}: removed {stats['masked']}/{stats['entries']} directions, "
           f"{stats['score_share_masked']:.1%} of the score")

@@ -1,6 +1,6 @@
 """merge: write theta_post + lam * delta as a model directory (streamed, sharded and typed like the post model).
 
-python -m stages.merge --delta tensors/masked/diagonal_rho0.05.safetensors --lam 0.5 --out models/merged/<point>
+python -m stages.merge --delta tensors/masked/diagonal_rho0.05 --lam 0.5 --out models/merged/<point>
 The delta is the graft delta (unmasked or masked by the mask stage) or the SFT delta (SFT+merge baseline).
 """
 from __future__ import annotations

@@ -2,10 +2,9 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from graft.merging import (MaskPlan, compute_delta, write_delta, diagonal_scores, exact_top_rho_keep, merge_into_dir,
-                           merge_tensor, top_rho_count, write_masked_delta)
+from graft.merging import (MaskPlan, compute_delta, diagonal_scores, exact_top_rho_keep, merge_into_dir,
+                           merge_tensor, top_rho_count, write_delta, write_masked_delta)
 from graft.modeling import load_model, new_model, qwen3_config, save_model_dir
 from graft.tensors import CheckpointError, TensorReader, save_tensors
 from tests.conftest import TINY_SHAPE
@@ -70,19 +69,19 @@ def test_delta_and_merge_directories(tmp_path, tiny_tokenizer):
     assert set(delta) == set(b)
     for name in delta:
         assert torch.equal(delta[name], f[name].float() - b[name].float())
-    write_delta(ft, base, tmp_path / "delta.safetensors")  # streamed: bitwise equal to the in-memory delta
-    streamed = dict(TensorReader(tmp_path / "delta.safetensors").items())
+    write_delta(ft, base, tmp_path / "delta")  # streamed: bitwise equal to the in-memory delta
+    streamed = dict(TensorReader(tmp_path / "delta").items())
     assert all(torch.equal(streamed[k], delta[k]) and streamed[k].dtype == torch.float32 for k in delta)
     # rho = 0 masking keeps the delta bitwise, so its merge equals plain task arithmetic
-    with TensorReader(tmp_path / "delta.safetensors") as dr:
+    with TensorReader(tmp_path / "delta") as dr:
         fisher = {k: torch.ones_like(v) for k, v in delta.items()}
         save_tensors(tmp_path / "f.safetensors", fisher)
         with TensorReader(tmp_path / "f.safetensors") as fr:
-            write_masked_delta(MaskPlan("diagonal", dr, fr), 0.0, tmp_path / "masked.safetensors")
+            write_masked_delta(MaskPlan("diagonal", dr, fr), 0.0, tmp_path / "masked")
     (tmp_path / "m1").mkdir()
     (tmp_path / "m2").mkdir()
-    merge_into_dir(base, tmp_path / "masked.safetensors", 0.6, tmp_path / "m1")
-    merge_into_dir(base, tmp_path / "delta.safetensors", 0.6, tmp_path / "m2")
+    merge_into_dir(base, tmp_path / "masked", 0.6, tmp_path / "m1")
+    merge_into_dir(base, tmp_path / "delta", 0.6, tmp_path / "m2")
     m1, m2 = dict(TensorReader(tmp_path / "m1").items()), dict(TensorReader(tmp_path / "m2").items())
     for name in b:
         assert torch.equal(m1[name], m2[name])
@@ -154,10 +153,13 @@ def test_sharded_bf16_tied_padded_checkpoint_merges_loads_and_generates(tmp_path
     post = TensorReader(dirs["post"])
     assert "lm_head.weight" not in post.names() and len(post.shards()) > 1
     delta = compute_delta(dirs["donor_ft"], dirs["donor"])
-    save_tensors(tmp_path / "delta.safetensors", delta)
+    write_delta(dirs["donor_ft"], dirs["donor"], tmp_path / "delta")
+    streamed = TensorReader(tmp_path / "delta")
+    assert streamed.shards().keys() == TensorReader(dirs["donor_ft"]).shards().keys()  # sharded like the input
+    assert all(torch.equal(streamed.get(n), delta[n]) for n in delta)
     out = tmp_path / "merged"
     out.mkdir()
-    merge_into_dir(dirs["post"], tmp_path / "delta.safetensors", 0.5, out)
+    merge_into_dir(dirs["post"], tmp_path / "delta", 0.5, out)
     merged = TensorReader(out)
     assert merged.shards().keys() == post.shards().keys()
     for name in post.names():

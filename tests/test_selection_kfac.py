@@ -136,8 +136,8 @@ def test_masked_delta_counts_and_kinds(tmp_path):
     dr, fr = _write(tmp_path, "d.safetensors", delta), _write(tmp_path, "f.safetensors", fisher)
     total = 28
     # diagonal: exactly floor(rho N) entries zeroed, the highest F * delta^2
-    stats = write_masked_delta(MaskPlan("diagonal", dr, fr), 0.25, tmp_path / "diag.safetensors")
-    out = dict(TensorReader(tmp_path / "diag.safetensors").items())
+    stats = write_masked_delta(MaskPlan("diagonal", dr, fr), 0.25, tmp_path / "diag")
+    out = dict(TensorReader(tmp_path / "diag").items())
     zeroed = sum(int((out[k] == 0).sum()) for k in out)
     assert stats["masked"] == zeroed == top_rho_count(total, 0.25) == 7
     scores = {k: fisher[k] * delta[k] ** 2 for k in delta}
@@ -145,19 +145,20 @@ def test_masked_delta_counts_and_kinds(tmp_path):
     for k in delta:
         assert torch.equal(out[k], delta[k].masked_fill(ref[k], 0.0))
     # random control: same count, seeded
-    write_masked_delta(MaskPlan("random", dr, None, seed=3), 0.25, tmp_path / "r1.safetensors")
-    write_masked_delta(MaskPlan("random", dr, None, seed=3), 0.25, tmp_path / "r2.safetensors")
-    r1, r2 = dict(TensorReader(tmp_path / "r1.safetensors").items()), dict(TensorReader(tmp_path / "r2.safetensors").items())
+    write_masked_delta(MaskPlan("random", dr, None, seed=3), 0.25, tmp_path / "r1")
+    write_masked_delta(MaskPlan("random", dr, None, seed=3), 0.25, tmp_path / "r2")
+    r1, r2 = dict(TensorReader(tmp_path / "r1").items()), dict(TensorReader(tmp_path / "r2").items())
     assert all(torch.equal(r1[k], r2[k]) for k in r1)
     assert sum(int((r1[k] == 0).sum()) for k in r1) == 7
     # kfac: linear weights projected in their eigenbasis, the rest masked by the diagonal score, one global count
     U, _ = torch.linalg.qr(torch.randn(6, 6, generator=g))
     Vm, _ = torch.linalg.qr(torch.randn(4, 4, generator=g))
     sig, dd = torch.rand(6, generator=g), torch.rand(4, generator=g)
-    kfac = {"model.layers.0.mlp.up_proj.weight": (U, sig, Vm, dd)}
-    stats = write_masked_delta(MaskPlan("kfac", dr, fr, kfac), 0.25, tmp_path / "k.safetensors")
-    out = dict(TensorReader(tmp_path / "k.safetensors").items())
     w = "model.layers.0.mlp.up_proj.weight"
+    kfac = _write(tmp_path, "kfac.safetensors", {f"{w}.P_eigvecs": U, f"{w}.P_eigvals": sig, f"{w}.Q_eigvecs": Vm,
+                                                 f"{w}.Q_eigvals": dd})
+    stats = write_masked_delta(MaskPlan("kfac", dr, fr, kfac), 0.25, tmp_path / "k")
+    out = dict(TensorReader(tmp_path / "k").items())
     ks = {w: kfac_scores(delta[w], U, sig, Vm, dd), "model.norm.weight": scores["model.norm.weight"]}
     ref = _reference_top_k(ks, 7)
     assert stats["masked"] == 7
