@@ -1,6 +1,6 @@
 """finetune: full SFT of the donor (for grafting) or of the post model (for the SFT baselines).
 
-python -m stages.finetune --target donor|sft  ->  models/finetuned/<target>/, reports/finetune/<target>.json
+python -m stages.finetune --target donor|sft  ->  models/finetuned/<target>/, reports/finetune/<target>.json (loss curve)
 The target chooses the model only; data, optimiser and schedule are the same for both (paper Appendix C).
 """
 from __future__ import annotations
@@ -35,8 +35,7 @@ def main() -> None:
                           log=lambda s, loss, lr: curve.append({"step": s, "loss": loss, "lr": lr}))
     with atomic_dir(f"models/finetuned/{target}") as tmp:
         save_model_dir(model, tokenizer, tmp)
-    write_json(f"reports/finetune/{target}.json", {"source_model": src, "examples": len(examples),
-                                                   "steps": len(losses), "curve": curve})
+    write_json(f"reports/finetune/{target}.json", curve)  # a list of records: what `dvc plots` reads
     print(f"finetune {target}: {len(examples)} examples, {len(losses)} steps, final loss {losses[-1]:.4f}")
 
 

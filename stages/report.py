@@ -60,7 +60,7 @@ def plot(df: pd.DataFrame, path: Path) -> None:
         front = sub[non_dominated(list(zip(sub.new_task, sub.old_task)))].sort_values("new_task")
         ax.plot(front.new_task, front.old_task, color=sc.get_facecolor()[0], lw=1)
         for _, r in sub.iterrows():
-            tag = "" if r.lam is None or pd.isna(r.lam) else f"λ{r.lam:g}" + (f" ρ{r.rho:g}" if r.rho else "")
+            tag = "" if pd.isna(r.lam) else f"λ{r.lam:g}" + ("" if pd.isna(r.rho) else f" ρ{r.rho:g}")
             ax.annotate(tag, (r.new_task, r.old_task), fontsize=7, xytext=(3, 3), textcoords="offset points")
     glob = df[df.frontier]
     ax.scatter(glob.new_task, glob.old_task, facecolors="none", edgecolors="black", s=120, lw=1.2,
