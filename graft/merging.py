@@ -133,10 +133,6 @@ class MaskPlan:
             return kfac_scores(d, *self.eigen(name))
         return diagonal_score(self.fisher.get(name), d, name)
 
-    def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name in self.delta.ordered_names():
-            yield name, self.scores(name, self.delta.get(name))
-
     def project(self, name: str, d: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
         if name in self.kfac_names:
             U, _, V, _ = self.eigen(name)
@@ -151,20 +147,32 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[
     names = plan.delta.ordered_names()
     total = sum(_numel(plan.delta.shape(n)) for n in names)
     k = top_rho_count(total, rho) if plan.kind != "none" else 0
+    # The marking pass of the selection reads each delta tensor and scores it just before its mask is yielded, and
+    # the writer asks for that same tensor next: keep both so neither is read or scored twice.
+    current: dict[str, object] = {}
+
+    def stream() -> Iterator[tuple[str, torch.Tensor]]:
+        for name in names:
+            d = plan.delta.get(name).float()
+            current.update(name=name, delta=d, scores=plan.scores(name, d))
+            yield name, current["scores"]
+
     if k == 0:  # nothing to select: skip scoring entirely (kind none needs no Fisher)
         selection = iter([(n, torch.zeros(plan.delta.shape(n), dtype=torch.bool)) for n in names])
     else:
-        selection = select_top_k(plan.stream, k)
+        selection = select_top_k(stream, k)
     stats = {"entries": total, "masked": 0, "score_total": 0.0, "score_masked": 0.0}
 
     def produce(name: str) -> torch.Tensor:
         sel_name, drop = next(selection)
         assert sel_name == name
-        d = plan.delta.get(name).float()
         if k > 0:
-            s = plan.scores(name, d)
+            assert current["name"] == name
+            d, s = current["delta"], current["scores"]
             stats["score_total"] += float(s.double().sum())
             stats["score_masked"] += float(s.double()[drop].sum())
+        else:
+            d = plan.delta.get(name).float()
         stats["masked"] += int(drop.sum())
         return plan.project(name, d, drop)
 

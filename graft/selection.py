@@ -3,7 +3,7 @@
 Scores are non-negative fp32. Their IEEE-754 bit patterns, read as int32, are ordered like the values, so the k-th
 largest score is found by radix selection: four passes, each histogramming one byte of the bit pattern among the
 scores that share the bytes fixed so far. A final pass marks the selection. Ties at the threshold are broken by
-position: tensors in the order the caller streams them (sorted names), elements in row-major order, earlier first.
+position: tensors in the order the caller streams them, elements in row-major order, earlier first.
 The selected count is exactly k.
 """
 from __future__ import annotations
