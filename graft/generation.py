@@ -59,14 +59,24 @@ class HFGenerator:
                  trust_remote_code: bool = False):
         from graft.modeling import load_model, load_tokenizer
 
-        self.model = load_model(model_dir, dtype, trust_remote_code)
-        self.tokenizer = load_tokenizer(model_dir, trust_remote_code)
+        self._attach(load_model(model_dir, dtype, trust_remote_code), load_tokenizer(model_dir, trust_remote_code),
+                     batch_size)
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, tokenizer, batch_size: int = 64) -> "HFGenerator":
+        """Sample from a model held in memory (OPSD samples from the model it is training)."""
+        self = cls.__new__(cls)
+        self._attach(model, tokenizer, batch_size)
+        return self
+
+    def _attach(self, model: torch.nn.Module, tokenizer, batch_size: int) -> None:
+        self.model, self.tokenizer = model, tokenizer
         self.batch_size = batch_size
         self.stop_id = self.tokenizer.convert_tokens_to_ids(IM_END)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_id
 
     @torch.no_grad()
-    def _run(self, rows: list[tuple[list[int], torch.Generator]], spec: SamplingSpec) -> list[list[int]]:
+    def generate_rows(self, rows: list[tuple[list[int], torch.Generator]], spec: SamplingSpec) -> list[list[int]]:
         width = max(len(ids) for ids, _ in rows)
         B = len(rows)
         ids = torch.full((B, width), self.pad_id, dtype=torch.long)
@@ -75,9 +85,11 @@ class HFGenerator:
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        dev = next(self.model.parameters()).device
+        ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
         cache, logits = out.past_key_values, out.logits[:, -1]
-        done = torch.zeros(B, dtype=torch.bool)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
         result: list[list[int]] = [[] for _ in range(B)]
         next_pos = pos[:, -1] + 1
         for _ in range(spec.max_new_tokens):
@@ -85,8 +97,10 @@ class HFGenerator:
             if spec.temperature == 0:
                 tok = logits.argmax(-1)
             else:
-                probs = _top_p_filter(torch.softmax(logits / spec.temperature, -1), spec.top_p)
-                tok = torch.stack([torch.multinomial(probs[i], 1, generator=g)[0] for i, (_, g) in enumerate(rows)])
+                # per-sample CPU generators: the same draws on any device
+                probs = _top_p_filter(torch.softmax(logits / spec.temperature, -1), spec.top_p).cpu()
+                tok = torch.stack([torch.multinomial(probs[i], 1, generator=g)[0]
+                                   for i, (_, g) in enumerate(rows)]).to(dev)
             tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
             for i in range(B):
                 if not done[i]:
@@ -94,7 +108,7 @@ class HFGenerator:
             done |= tok == self.stop_id
             if bool(done.all()):
                 break
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=1)
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long, device=dev)], dim=1)
             out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                              past_key_values=cache, use_cache=True)
             cache, logits = out.past_key_values, out.logits[:, -1]
@@ -111,7 +125,7 @@ class HFGenerator:
         out: list[list[Completion]] = [[] for _ in prompts]
         for start in tqdm(range(0, len(rows), self.batch_size), desc="generate (hf)", mininterval=2.0):
             chunk = rows[start: start + self.batch_size]
-            toks = self._run([(ids, g) for _, ids, g in chunk], spec)
+            toks = self.generate_rows([(ids, g) for _, ids, g in chunk], spec)
             for (i, _, _), t in zip(chunk, toks):
                 body = t[:-1] if t and t[-1] == self.stop_id else t
                 out[i].append(Completion(self.tokenizer.decode(body, skip_special_tokens=False), tuple(t)))

@@ -1,0 +1,343 @@
+"""Finetuning at scale: a learning-rate grid point trained for some epochs with a snapshot after each, gradient
+accumulation to a global batch, several processes (torchrun + DDP), and resume after an interruption.
+
+One driver serves every objective (SFT and DFT on off-policy data, OPSD on the model's own samples) and both targets
+(a donor for grafting, the post model for the baselines): the objective supplies a summed loss for a list of examples
+and the number that turns that sum into the global batch's mean, so a global batch gives the same gradient however it
+is cut into micro-batches and processes.
+
+Determinism: the batch order is a function of the seed alone, and the step counter is the only state besides the
+weights and the optimiser, so a run resumed from a checkpoint is bitwise the uninterrupted run on CPU.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from graft.atomic import atomic_dir
+from graft.training import IGNORE, OptimConfig, make_optimizer
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    lr: float
+    epochs: int
+    global_batch: int          # examples per optimiser step, over all processes and micro-batches
+    micro_batch: int           # examples per forward pass in one process
+    warmup_ratio: float
+    weight_decay: float
+    betas: tuple[float, float]
+    grad_clip: float
+    seed: int
+    autocast: torch.dtype | None = None   # compute dtype on GPU (weights and optimiser stay in their own dtype)
+    checkpoint_every: int = 0             # optimiser steps between resume checkpoints; epoch ends always checkpoint
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(lr=self.lr, betas=self.betas, weight_decay=self.weight_decay,
+                           warmup_ratio=self.warmup_ratio, grad_clip=self.grad_clip)
+
+
+class Objective(Protocol):
+    def normalizer(self, batch: Sequence[int]) -> float:
+        """What the summed loss of a whole global batch is divided by (labelled tokens, or sequences)."""
+
+    def loss_sum(self, model: torch.nn.Module, indices: Sequence[int], step: int) -> tuple[torch.Tensor, float]:
+        """Summed (not averaged) loss of these examples, and the seconds spent sampling for it."""
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def epoch_plan(n_examples: int, global_batch: int, epochs: int, seed: int) -> list[list[list[int]]]:
+    """Per epoch, the global batches as example indices: a seeded shuffle each epoch, last partial batch kept."""
+    if n_examples <= 0:
+        raise ValueError("no training examples")
+    rng = random.Random(seed)
+    plan = []
+    for _ in range(epochs):
+        order = list(range(n_examples))
+        rng.shuffle(order)
+        plan.append([order[i: i + global_batch] for i in range(0, n_examples, global_batch)])
+    return plan
+
+
+def rank_micro_batches(batch: Sequence[int], micro: int, rank: int, world: int) -> list[list[int]]:
+    """This process's micro-batches of a global batch. Every process gets the same count (an empty one where the
+    batch runs out) so DDP's collective calls stay in step."""
+    chunks = [list(batch[i: i + micro]) for i in range(0, len(batch), micro)]
+    per_rank = math.ceil(len(chunks) / world)
+    mine = chunks[rank::world]
+    return mine + [[] for _ in range(per_rank - len(mine))]
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, kind: str = "sft") -> torch.Tensor:
+    """Summed next-token loss over labelled positions, in fp32.
+
+    sft: cross-entropy.  dft: cross-entropy weighted by the detached probability of the target token (Dynamic
+    Fine-Tuning, the SynthSelf paper's baseline)."""
+    logits = logits[:, :-1].float()
+    target = labels[:, 1:]
+    keep = target != IGNORE
+    logp = torch.log_softmax(logits, -1).gather(-1, target.clamp(min=0)[..., None])[..., 0]
+    if kind == "sft":
+        per_tok = -logp
+    elif kind == "dft":
+        per_tok = -logp.detach().exp() * logp
+    else:
+        raise ValueError(f"unknown loss {kind!r}; expected sft or dft")
+    return (per_tok * keep).sum()
+
+
+def collate(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(r[0]) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (x, y) in enumerate(rows):
+        ids[i, : len(x)] = torch.tensor(x)
+        labels[i, : len(y)] = torch.tensor(y)
+        attn[i, : len(x)] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": attn}
+
+
+class SupervisedObjective:
+    """SFT (or DFT) on encoded (ids, labels) pairs: the global batch's loss is the mean over its labelled tokens."""
+
+    def __init__(self, encoded: Sequence[tuple[list[int], list[int]]], pad_id: int, kind: str = "sft"):
+        if kind not in ("sft", "dft"):
+            raise ValueError(f"unknown loss {kind!r}; expected sft or dft")
+        self.encoded, self.pad_id, self.kind = encoded, pad_id, kind
+        # targets are labels shifted by one, so the first label never counts
+        self.n_targets = [sum(1 for y in labels[1:] if y != IGNORE) for _, labels in encoded]
+
+    def normalizer(self, batch: Sequence[int]) -> float:
+        return float(max(1, sum(self.n_targets[i] for i in batch)))
+
+    def loss_sum(self, model: torch.nn.Module, indices: Sequence[int], step: int) -> tuple[torch.Tensor, float]:
+        device = next(model.parameters()).device
+        b = {k: v.to(device) for k, v in collate([self.encoded[i] for i in indices], self.pad_id).items()}
+        out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+        return token_loss_sum(out.logits, b["labels"], self.kind), 0.0
+
+
+@dataclass
+class TrainLog:
+    curve: list[dict]          # one record per optimiser step: step, epoch, loss, lr
+    timing: list[dict]         # one record per optimiser step: step, sample_s, update_s (measurements, not results)
+    resumed_from: int          # optimiser steps restored from a checkpoint (0: a fresh run)
+
+
+def _save_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, sched, step: int,
+                log: TrainLog) -> None:
+    """Weights, AdamW moments and step counters as safetensors + JSON (never a pickle), written atomically."""
+    tensors: dict[str, torch.Tensor] = {f"model.{k}": v.detach().contiguous().cpu()
+                                        for k, v in model.state_dict().items()}
+    meta: dict = {"step": step, "sched": sched.state_dict(), "curve": log.curve, "timing": log.timing, "opt": {}}
+    for i, st in enumerate(opt.state_dict()["state"].values()):
+        for key, val in st.items():
+            tensors[f"opt.{i}.{key}"] = val.detach().contiguous().cpu()
+    meta["opt"] = {"n": len(opt.state_dict()["state"]), "param_groups": opt.state_dict()["param_groups"]}
+    with atomic_dir(path) as tmp:
+        save_file(tensors, str(tmp / "state.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(meta))
+
+
+def _load_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, sched) -> tuple[int, dict]:
+    tensors = load_file(str(path / "state.safetensors"))
+    meta = json.loads((path / "state.json").read_text())
+    model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    state = {}
+    for i in range(meta["opt"]["n"]):
+        prefix = f"opt.{i}."
+        state[i] = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    opt.load_state_dict({"state": state, "param_groups": meta["opt"]["param_groups"]})
+    sched.load_state_dict(meta["sched"])
+    return meta["step"], meta
+
+
+def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: TrainSpec, *,
+          on_epoch_end: Callable[[int, torch.nn.Module], None], workdir: Path | None = None,
+          dist_info: DistInfo = DistInfo(), desc: str = "finetune",
+          stop_after: int | None = None) -> TrainLog:
+    """Train ``model`` in place for ``spec.epochs`` epochs, calling ``on_epoch_end(epoch, model)`` after each.
+
+    ``workdir`` holds the resume checkpoint: a run that finds one there continues from it. ``stop_after`` ends the
+    run after that many optimiser steps (tests use it to interrupt a run the way a kill would)."""
+    plan = epoch_plan(n_examples, spec.global_batch, spec.epochs, spec.seed)
+    total = sum(len(e) for e in plan)
+    torch.manual_seed(spec.seed)
+    model.train()
+    opt, sched = make_optimizer(model, spec.optim(), total)
+    ddp = model
+    if dist_info.world > 1:
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[dist_info.device.index] if dist_info.device.type == "cuda" else None)
+    log = TrainLog(curve=[], timing=[], resumed_from=0)
+    start = 0
+    state_dir = workdir / "state" if workdir is not None else None
+    if state_dir is not None and (state_dir / "state.json").exists():
+        start, meta = _load_state(state_dir, model, opt, sched)
+        log = TrainLog(curve=meta["curve"], timing=meta["timing"], resumed_from=start)
+    step = 0
+    bar = tqdm(total=total, initial=start, desc=desc, mininterval=2.0, disable=not dist_info.main)
+    for epoch, batches in enumerate(plan, start=1):
+        for batch in batches:
+            if step < start:
+                step += 1
+                continue
+            if stop_after is not None and step >= stop_after:
+                bar.close()
+                return log
+            t0 = time.perf_counter()
+            norm = objective.normalizer(batch)
+            micro = rank_micro_batches(batch, spec.micro_batch, dist_info.rank, dist_info.world)
+            total_loss = torch.zeros((), dtype=torch.float64, device=dist_info.device)
+            sample_s = 0.0
+            opt.zero_grad(set_to_none=True)
+            for j, chunk in enumerate(micro):
+                # an empty chunk still runs (on the batch's first example, weighted 0) to keep DDP in step
+                weight = 1.0 if chunk else 0.0
+                sync = ddp.no_sync() if (dist_info.world > 1 and j < len(micro) - 1) else nullcontext()
+                with sync, torch.autocast(dist_info.device.type, dtype=spec.autocast,
+                                          enabled=spec.autocast is not None):
+                    loss_sum, s = objective.loss_sum(ddp, chunk or [batch[0]], step)
+                    # DDP averages gradients over processes: scale by world so the result is the global sum / norm
+                    loss = loss_sum * (weight * dist_info.world / norm)
+                sample_s += s
+                if not torch.isfinite(loss_sum):
+                    raise FloatingPointError(f"{desc}: loss became {loss_sum.item()} at step {step}")
+                loss.backward()
+                total_loss += loss_sum.detach().double() * weight / norm
+            if dist_info.world > 1:
+                dist.all_reduce(total_loss)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+            opt.step()
+            sched.step()
+            step += 1
+            log.curve.append({"step": step, "epoch": epoch, "loss": float(total_loss), "lr": sched.get_last_lr()[0]})
+            elapsed = time.perf_counter() - t0
+            log.timing.append({"step": step, "sample_s": sample_s, "update_s": elapsed - sample_s})
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(total_loss):.3f}", epoch=epoch, refresh=False)
+            epoch_done = step == sum(len(e) for e in plan[:epoch])
+            if epoch_done:
+                model.eval()
+                if dist_info.main:
+                    on_epoch_end(epoch, model)
+                model.train()
+            if state_dir is not None and (epoch_done or (spec.checkpoint_every and step % spec.checkpoint_every == 0)):
+                if dist_info.main:
+                    _save_state(state_dir, model, opt, sched, step, log)
+                if dist_info.world > 1:
+                    dist.barrier()
+    bar.close()
+    model.eval()
+    return log
+
+
+def fingerprint(files: Sequence[str | Path], extra: dict) -> str:
+    """A key for a run's resume directory: the content of every input file and the settings. A checkpoint is only
+    resumed by the exact run that wrote it."""
+    h = hashlib.sha256(json.dumps(extra, sort_keys=True).encode())
+    for f in files:
+        f = Path(f)
+        paths = sorted(p for p in f.rglob("*") if p.is_file()) if f.is_dir() else [f]
+        for p in paths:
+            h.update(str(p.relative_to(f) if f.is_dir() else p.name).encode())
+            with open(p, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()[:24]
+
+
+def assemble_snapshots(workdir: Path, epochs: int, out: Path) -> None:
+    """Move the finished run's epoch snapshots into ``out`` (atomically) and drop the work directory."""
+    with atomic_dir(out) as tmp:
+        for e in range(1, epochs + 1):
+            src = workdir / f"epoch{e}"
+            if not (src / "config.json").exists():
+                raise FileNotFoundError(f"{src}: snapshot of epoch {e} is missing")
+            shutil.copytree(src, tmp / f"epoch{e}")
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def init_distributed() -> DistInfo:
+    """Join the process group torchrun set up (gloo on CPU, nccl on GPU); a plain run is one process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
+    if world == 1:
+        return DistInfo(0, 1, device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), device)
+
+
+def relaunch_under_torchrun(num_processes: int, module: str, argv: Sequence[str]) -> bool:
+    """When params ask for several processes and this is not yet a torchrun worker, run the same stage under
+    torchrun (the launcher that ships with torch) and report True; the caller then has nothing left to do."""
+    if num_processes == 1 or "LOCAL_RANK" in os.environ:
+        return False
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc_per_node={num_processes}", "-m", module, *argv], check=True)
+    return True
+
+
+def train_to_snapshots(model: torch.nn.Module, tokenizer, objective: Objective, n_examples: int, spec: TrainSpec, *,
+                       out: Path, inputs: Sequence[str | Path], settings: dict, dist_info: DistInfo,
+                       desc: str, work_root: Path = Path(".graft/work")) -> TrainLog:
+    """Train with a resumable work directory keyed by the inputs and settings; write ``out/epoch<e>/`` (complete HF
+    model directories) atomically when the last epoch is done."""
+    from graft.modeling import save_model_dir
+
+    key = fingerprint(inputs, {**settings, "world": dist_info.world})
+    workdir = work_root / f"{out.name}-{key}"
+
+    def save_epoch(epoch: int, m: torch.nn.Module) -> None:
+        with atomic_dir(workdir / f"epoch{epoch}") as tmp:
+            save_model_dir(m, tokenizer, tmp)
+
+    log = train(model, objective, n_examples, spec, on_epoch_end=save_epoch, workdir=workdir, dist_info=dist_info,
+                desc=desc)
+    if dist_info.main:
+        if log.resumed_from:
+            print(f"{desc}: resumed from a checkpoint at step {log.resumed_from}")
+        assemble_snapshots(workdir, spec.epochs, out)
+    if dist_info.world > 1:
+        dist.barrier()
+    return log
+
+
+def spec_from_params(p, lr: float) -> TrainSpec:
+    """The finetune section of params.yaml as a TrainSpec; each process sees the same global batch."""
+    autocast = None if p.autocast == "none" else getattr(torch, p.autocast)
+    return TrainSpec(lr=lr, epochs=p.epochs, global_batch=p.global_batch_size, micro_batch=p.micro_batch_size,
+                     warmup_ratio=p.warmup_ratio, weight_decay=p.weight_decay, betas=tuple(p.betas),
+                     grad_clip=p.grad_clip, seed=p.seed, autocast=autocast, checkpoint_every=p.checkpoint_every)

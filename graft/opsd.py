@@ -1,0 +1,125 @@
+"""On-policy self-distillation (OPSD), the on-policy baseline (paper §2 and Appendix C).
+
+For each problem the student (the model being trained) samples one response to the plain prompt; a frozen copy of the
+starting model, prompted with the same problem plus the off-policy demonstration, is the teacher. The loss is the sum
+over response tokens of D_alpha(teacher || student) between next-token distributions restricted to the teacher's
+top-k tokens. Both prompts come from the one chat-template function, so the response is scored under the same
+template the student sampled it with.
+
+D_alpha is the generalised Jensen-Shannon family of GKD (Agarwal et al. 2023): with M = alpha T + (1 - alpha) S,
+D_alpha = alpha KL(T || M) + (1 - alpha) KL(S || M) for 0 < alpha < 1, and its endpoints alpha = 0: KL(T || S)
+(forward KL) and alpha = 1: KL(S || T) (reverse KL); alpha = 0.5 is the Jensen-Shannon divergence.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from graft.chat import render_prompt
+from graft.generation import HFGenerator, SamplingSpec, request_seed
+
+
+def generalized_jsd(t_logp: torch.Tensor, s_logp: torch.Tensor, alpha: float) -> torch.Tensor:
+    """D_alpha(T || S) over the last axis of two log-distributions (teacher, student)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if alpha == 0.0:
+        return (t_logp.exp() * (t_logp - s_logp)).sum(-1)
+    if alpha == 1.0:
+        return (s_logp.exp() * (s_logp - t_logp)).sum(-1)
+    m = torch.logsumexp(torch.stack([t_logp + math.log(alpha), s_logp + math.log(1 - alpha)]), dim=0)
+    kl_t = (t_logp.exp() * (t_logp - m)).sum(-1)
+    kl_s = (s_logp.exp() * (s_logp - m)).sum(-1)
+    return alpha * kl_t + (1 - alpha) * kl_s
+
+
+def topk_divergence(teacher_logits: torch.Tensor, student_logits: torch.Tensor, alpha: float,
+                    top_k: int) -> torch.Tensor:
+    """D_alpha per position on the teacher's top-k tokens, both distributions renormalised over that support."""
+    k = min(top_k, teacher_logits.size(-1))
+    idx = teacher_logits.float().topk(k, dim=-1).indices
+    t = torch.log_softmax(teacher_logits.float().gather(-1, idx), -1)
+    s = torch.log_softmax(student_logits.float().gather(-1, idx), -1)
+    return generalized_jsd(t, s, alpha)
+
+
+def demonstration_question(question: str, think: str, answer: str) -> str:
+    """The teacher's user turn: the problem and the off-policy demonstration it may draw on."""
+    shown = f"{think}\nFinal answer: {answer}" if think else f"Final answer: {answer}"
+    return f"{question}\n\nA worked solution:\n{shown}\n\nNow solve the problem."
+
+
+@dataclass(frozen=True)
+class OPSDExample:
+    question: str
+    think: str
+    answer: str
+
+
+def _response_logits(model: torch.nn.Module, prompts: Sequence[list[int]], responses: Sequence[list[int]],
+                     pad_id: int) -> list[torch.Tensor]:
+    """For each (prompt, response): the logits that predict each response token (one row per response token)."""
+    seqs = [p + r for p, r in zip(prompts, responses)]
+    width = max(len(s) for s in seqs)
+    device = next(model.parameters()).device
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
+    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits
+    return [logits[i, len(p) - 1: len(p) - 1 + len(r)] for i, (p, r) in enumerate(zip(prompts, responses))]
+
+
+class OPSDObjective:
+    """The OPSD loss for the shared training driver: summed over response tokens, averaged over sequences."""
+
+    def __init__(self, teacher: torch.nn.Module, tokenizer, examples: Sequence[OPSDExample], thinking: bool,
+                 alpha: float, top_k: int, temperature: float, top_p: float, max_new_tokens: int, seed: int,
+                 max_len: int):
+        self.teacher, self.tokenizer, self.examples = teacher, tokenizer, list(examples)
+        self.alpha, self.top_k = alpha, top_k
+        self.temperature, self.top_p, self.max_new_tokens, self.seed = temperature, top_p, max_new_tokens, seed
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+
+        def enc(text: str) -> list[int]:
+            return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+        self.student_prompts = [enc(render_prompt(e.question, thinking)) for e in self.examples]
+        self.teacher_prompts = [enc(render_prompt(demonstration_question(e.question, e.think, e.answer), thinking))
+                                for e in self.examples]
+        for i, tp in enumerate(self.teacher_prompts):
+            if len(tp) + max_new_tokens > max_len:
+                raise ValueError(f"opsd: example {i}: teacher prompt ({len(tp)} tokens) + opsd.max_new_tokens "
+                                 f"({max_new_tokens}) exceeds finetune.max_len ({max_len})")
+
+    def normalizer(self, batch: Sequence[int]) -> float:
+        return float(len(batch))
+
+    def sample(self, model: torch.nn.Module, indices: Sequence[int], step: int) -> list[list[int]]:
+        """One response per example from the current student; the seed depends on (step, example) only, so the
+        samples do not depend on how a batch is split over micro-batches or processes."""
+        gen = HFGenerator.from_model(model, self.tokenizer, batch_size=len(indices))
+        spec = SamplingSpec(n=1, temperature=self.temperature, top_p=self.top_p,
+                            max_new_tokens=self.max_new_tokens, seed=0)
+        rows = [(self.student_prompts[i],
+                 torch.Generator().manual_seed(request_seed(request_seed(self.seed, step), i))) for i in indices]
+        return gen.generate_rows(rows, spec)
+
+    def loss_sum(self, model: torch.nn.Module, indices: Sequence[int], step: int) -> tuple[torch.Tensor, float]:
+        raw = getattr(model, "module", model)  # sample with the bare module: no DDP hooks on a no-grad pass
+        t0 = time.perf_counter()
+        responses = self.sample(raw, indices, step)
+        sample_s = time.perf_counter() - t0
+        with torch.no_grad():
+            t_logits = _response_logits(self.teacher, [self.teacher_prompts[i] for i in indices], responses,
+                                        self.tokenizer.pad_token_id)
+        s_logits = _response_logits(model, [self.student_prompts[i] for i in indices], responses,
+                                    self.tokenizer.pad_token_id)
+        total = sum(topk_divergence(t, s, self.alpha, self.top_k).sum() for t, s in zip(t_logits, s_logits))
+        return total, sample_s

@@ -1,0 +1,38 @@
+"""Trains the tiny model on fixed examples with the shared driver; run alone or under torchrun (tests only).
+
+python tests/ddp_worker.py MODEL_DIR OUT.safetensors MICRO_BATCH
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+from graft.finetuning import SupervisedObjective, TrainSpec, init_distributed, train
+from graft.modeling import load_model, load_tokenizer
+from graft.training import SFTExample, encode_sft
+
+EXAMPLES = [SFTExample(f"{a}-{b}=?", f"{a}-{b}={a - b}", str(a - b))
+            for a, b in [(9, 3), (17, 5), (40, 12), (8, 8), (73, 21), (55, 9), (31, 30)]]
+
+
+def main() -> None:
+    model_dir, out, micro = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    torch.use_deterministic_algorithms(True)
+    info = init_distributed()
+    tok = load_tokenizer(model_dir)
+    model = load_model(model_dir)
+    encoded = [encode_sft(tok, ex, True, 128) for ex in EXAMPLES]
+    spec = TrainSpec(lr=1e-3, epochs=2, global_batch=4, micro_batch=micro, warmup_ratio=0.1, weight_decay=0.01,
+                     betas=(0.9, 0.95), grad_clip=1.0, seed=5)
+    train(model, SupervisedObjective(encoded, tok.pad_token_id), len(encoded), spec,
+          on_epoch_end=lambda e, m: None, dist_info=info)
+    if info.main:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out)
+    if info.world > 1:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""The finetuning driver (accumulation, resume, processes), DFT, and OPSD's divergence and objective."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from graft.finetuning import (SupervisedObjective, TrainSpec, epoch_plan, rank_micro_batches, token_loss_sum,
+                              train)
+from graft.modeling import load_model
+from graft.opsd import OPSDExample, OPSDObjective, generalized_jsd, topk_divergence
+from graft.training import IGNORE, SFTExample, encode_sft
+from tests.conftest import REPO
+from tests.ddp_worker import EXAMPLES
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> float:
+    return float(np.sum(p * np.log(p / q)))
+
+
+P = np.array([0.7, 0.2, 0.05, 0.05])   # teacher
+Q = np.array([0.02, 0.18, 0.4, 0.4])     # student
+
+
+def _d(alpha: float) -> float:
+    t, s = torch.tensor(np.log(P)), torch.tensor(np.log(Q))
+    return float(generalized_jsd(t, s, alpha))
+
+
+def test_d_alpha_endpoints_are_forward_and_reverse_kl():
+    forward, reverse = _kl(P, Q), _kl(Q, P)
+    assert abs(forward - reverse) > 0.1          # the case tells the two directions apart
+    assert _d(0.0) == pytest.approx(forward, rel=1e-12)   # alpha 0: KL(teacher || student)
+    assert _d(1.0) == pytest.approx(reverse, rel=1e-12)   # alpha 1: KL(student || teacher)
+
+
+def test_d_alpha_half_is_jensen_shannon():
+    m = (P + Q) / 2
+    assert _d(0.5) == pytest.approx(0.5 * _kl(P, m) + 0.5 * _kl(Q, m), rel=1e-12)
+    assert _d(0.5) <= math.log(2)
+
+
+def test_d_alpha_interior_is_the_gkd_mixture_and_zero_on_equal():
+    a = 0.3
+    m = a * P + (1 - a) * Q
+    assert _d(a) == pytest.approx(a * _kl(P, m) + (1 - a) * _kl(Q, m), rel=1e-12)
+    same = torch.tensor(np.log(P))
+    for alpha in (0.0, 0.3, 1.0):
+        assert float(generalized_jsd(same, same, alpha)) == pytest.approx(0.0, abs=1e-15)
+    with pytest.raises(ValueError, match="alpha"):
+        generalized_jsd(same, same, 1.5)
+
+
+def test_topk_divergence_uses_the_teachers_support():
+    t = torch.tensor([[3.0, 2.0, -1.0, 0.5]])
+    s = torch.tensor([[0.0, 1.0, 4.0, 0.0]])
+    full = topk_divergence(t, s, 0.0, 10)
+    assert float(full) == pytest.approx(float(generalized_jsd(t.log_softmax(-1), s.log_softmax(-1), 0.0)))
+    # k=2: the teacher's top tokens are 0 and 1; the student's large logit on token 2 must not count
+    top2 = topk_divergence(t, s, 0.0, 2)
+    tk, sk = t[:, :2].log_softmax(-1), s[:, :2].log_softmax(-1)
+    assert float(top2) == pytest.approx(float((tk.exp() * (tk - sk)).sum()))
+
+
+def test_dft_weights_cross_entropy_by_detached_probability():
+    logits = torch.randn(1, 5, 7, requires_grad=True)
+    labels = torch.tensor([[IGNORE, IGNORE, 3, 1, 6]])
+    ce = token_loss_sum(logits, labels, "sft")
+    dft = token_loss_sum(logits, labels, "dft")
+    logp = logits[0, :-1].log_softmax(-1)[torch.arange(4), labels[0, 1:].clamp(min=0)]
+    keep = labels[0, 1:] != IGNORE
+    assert float(ce) == pytest.approx(float(-(logp * keep).sum()), rel=1e-6)
+    assert float(dft) == pytest.approx(float(-(logp.exp() * logp * keep).sum()), rel=1e-6)
+    (g,) = torch.autograd.grad(dft, logits)
+    (g_ce,) = torch.autograd.grad(-(logp.detach().exp() * logp * keep).sum(), logits)
+    assert torch.allclose(g, g_ce)
+
+
+def test_supervised_loss_ignores_every_prompt_token(tiny_tokenizer):
+    ids, labels = encode_sft(tiny_tokenizer, EXAMPLES[0], True, 256)
+    obj = SupervisedObjective([(ids, labels)], tiny_tokenizer.pad_token_id)
+    n_resp = sum(1 for y in labels if y != IGNORE)
+    assert obj.normalizer([0]) == n_resp
+    logits = torch.randn(1, len(ids), len(tiny_tokenizer), requires_grad=True)
+    token_loss_sum(logits, torch.tensor([labels])).backward()
+    first_target = labels.index(next(y for y in labels if y != IGNORE))
+    # positions before the last prompt token predict prompt tokens: no gradient reaches them
+    assert float(logits.grad[0, : first_target - 1].abs().sum()) == 0.0
+    assert float(logits.grad[0, first_target - 1].abs().sum()) > 0.0
+
+
+def test_epoch_plan_and_rank_split_cover_every_example_once():
+    plan = epoch_plan(10, 4, 3, seed=1)
+    assert [len(e) for e in plan] == [3, 3, 3]
+    for epoch in plan:
+        assert sorted(i for b in epoch for i in b) == list(range(10))
+    batch = [5, 1, 7, 2, 9]
+    parts = [rank_micro_batches(batch, 2, r, 2) for r in range(2)]
+    assert len(parts[0]) == len(parts[1]) == 2
+    assert sorted(i for p in parts for c in p for i in c) == sorted(batch)
+    assert parts[1][-1] == []   # an empty slot keeps DDP's collective calls in step
+
+
+def _spec(**kw) -> TrainSpec:
+    base = dict(lr=1e-3, epochs=2, global_batch=4, micro_batch=4, warmup_ratio=0.1, weight_decay=0.01,
+                betas=(0.9, 0.95), grad_clip=1.0, seed=5)
+    return TrainSpec(**{**base, **kw})
+
+
+def _fit(model_dir, tok, spec, **kw):
+    torch.use_deterministic_algorithms(True)
+    model = load_model(model_dir)
+    encoded = [encode_sft(tok, ex, True, 128) for ex in EXAMPLES]
+    snaps = {}
+    log = train(model, SupervisedObjective(encoded, tok.pad_token_id), len(encoded), spec,
+                on_epoch_end=lambda e, m: snaps.__setitem__(e, {k: v.clone() for k, v in m.state_dict().items()}),
+                **kw)
+    return model, snaps, log
+
+
+def test_gradient_accumulation_matches_the_full_batch(tiny_model_dir, tiny_tokenizer):
+    full, _, l1 = _fit(tiny_model_dir, tiny_tokenizer, _spec(micro_batch=4))
+    acc, _, l2 = _fit(tiny_model_dir, tiny_tokenizer, _spec(micro_batch=1))
+    for (n, a), (_, b) in zip(full.state_dict().items(), acc.state_dict().items()):
+        assert torch.allclose(a, b, rtol=0, atol=1e-5), n   # fp32 summation order only
+    assert [r["loss"] for r in l1.curve] == pytest.approx([r["loss"] for r in l2.curve], rel=1e-5)
+
+
+def test_resume_after_interruption_is_bitwise_the_uninterrupted_run(tiny_model_dir, tiny_tokenizer, tmp_path):
+    ref, ref_snaps, ref_log = _fit(tiny_model_dir, tiny_tokenizer, _spec(checkpoint_every=1))
+    work = tmp_path / "work"
+    _, _, cut = _fit(tiny_model_dir, tiny_tokenizer, _spec(checkpoint_every=1), workdir=work, stop_after=3)
+    assert len(cut.curve) == 3 and (work / "state" / "state.json").exists()
+    resumed, snaps, log = _fit(tiny_model_dir, tiny_tokenizer, _spec(checkpoint_every=1), workdir=work)
+    assert log.resumed_from == 3
+    assert [r["loss"] for r in log.curve] == [r["loss"] for r in ref_log.curve]
+    for (n, a), (_, b) in zip(ref.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), n
+    assert set(snaps) == {2}  # epoch 1 finished before the cut; its snapshot is on disk, not re-made
+    for k in ref_snaps[2]:
+        assert torch.equal(ref_snaps[2][k], snaps[2][k])
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_match_one_process(tiny_model_dir, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    worker = str(REPO / "tests" / "ddp_worker.py")
+    subprocess.run([sys.executable, worker, str(tiny_model_dir), str(tmp_path / "one.safetensors"), "4"],
+                   check=True, env=env, capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", worker,
+                        str(tiny_model_dir), str(tmp_path / "two.safetensors"), "1"],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, two = load_file(str(tmp_path / "one.safetensors")), load_file(str(tmp_path / "two.safetensors"))
+    assert one.keys() == two.keys()
+    base = load_model(tiny_model_dir).state_dict()
+    for k in one:
+        # stated tolerance: 1e-5 absolute (fp32 reduction order differs: micro-batches, all-reduce)
+        assert torch.allclose(one[k], two[k], rtol=0, atol=1e-5), k
+    assert any(not torch.equal(one[k], base[k]) for k in one)   # it trained
+
+
+def test_opsd_objective_is_independent_of_the_micro_batch_split(tiny_model_dir, tiny_tokenizer):
+    torch.use_deterministic_algorithms(True)
+    student, teacher = load_model(tiny_model_dir), load_model(tiny_model_dir)
+    examples = [OPSDExample(e.question, e.think, e.answer) for e in EXAMPLES[:3]]
+    obj = OPSDObjective(teacher, tiny_tokenizer, examples, True, 0.5, 20, 1.0, 1.0, 12, seed=3, max_len=128)
+    whole, _ = obj.loss_sum(student, [0, 1, 2], step=4)
+    parts = sum(obj.loss_sum(student, [i], step=4)[0] for i in range(3))
+    assert float(whole) == pytest.approx(float(parts), rel=1e-5)
+    assert float(whole) > 0
+    other, _ = obj.loss_sum(student, [0, 1, 2], step=5)   # a new step samples new responses
+    assert float(other) != float(whole)
+    whole.backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in student.parameters())
+
+
+def test_opsd_teacher_equal_to_student_gives_zero_loss_without_demonstration_effect(tiny_model_dir, tiny_tokenizer):
+    # student and teacher share weights; the demonstration in the teacher prompt is the only difference
+    student, teacher = load_model(tiny_model_dir), load_model(tiny_model_dir)
+    examples = [OPSDExample(e.question, e.think, e.answer) for e in EXAMPLES[:2]]
+    obj = OPSDObjective(teacher, tiny_tokenizer, examples, True, 0.0, 1000, 1.0, 1.0, 8, seed=0, max_len=128)
+    obj.teacher_prompts = obj.student_prompts   # same prompt: D_alpha must vanish exactly
+    loss, _ = obj.loss_sum(student, [0, 1], step=0)
+    assert float(loss) == pytest.approx(0.0, abs=1e-5)
