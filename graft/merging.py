@@ -216,7 +216,14 @@ def merge_into_dir(post_dir: str | Path, delta_path: str | Path, lam: float, out
             if post.shape(name) != delta.shape(name):
                 raise CheckpointError(f"tensor {name}: post shape {post.shape(name)} vs delta {delta.shape(name)}")
         rule = combine or (lambda name, w, d: merge_tensor(w, d, None, lam))
-        write_like(post, out_dir, None, lambda n: rule(n, post.get(n), delta.get(n)))
+
+        def produce(name: str) -> torch.Tensor:
+            d = delta.get(name)
+            if d.is_floating_point() and not bool(torch.isfinite(d).all()):
+                raise FloatingPointError(f"tensor {name}: {delta_path} has NaN or Inf")
+            return rule(name, post.get(name), d)
+
+        write_like(post, out_dir, None, produce)
         if (Path(post_dir) / INDEX).exists():  # keep the post model's own index metadata (e.g. total_size)
             index = json.loads((Path(post_dir) / INDEX).read_text())
             (out_dir / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))

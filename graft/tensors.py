@@ -105,6 +105,11 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
     save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(path), metadata={"format": "pt"})
 
 
+def checkpoint_bytes(model_dir: str | Path) -> int:
+    """Bytes of a checkpoint's weight files (what a merge into a new directory writes)."""
+    return sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+
+
 def copy_model_files(src: str | Path, dst: str | Path) -> None:
     """Copy everything but weights (config, generation config, tokenizer, chat template) into a new model dir."""
     for f in sorted(Path(src).iterdir()):
@@ -121,6 +126,21 @@ def check_compatible(a_dir: str | Path, b_dir: str | Path) -> None:
                 "tie_word_embeddings"):
         if ca.get(key) != cb.get(key):
             raise CheckpointError(f"{a_dir} and {b_dir} differ in config.{key}: {ca.get(key)!r} vs {cb.get(key)!r}")
+    ta, tb = Path(a_dir) / "tokenizer.json", Path(b_dir) / "tokenizer.json"
+    if ta.exists() and tb.exists():
+        va, vb = _vocab(ta), _vocab(tb)
+        if va != vb:
+            diff = sorted(set(va.items()) ^ set(vb.items()), key=lambda kv: kv[1])[0]
+            raise CheckpointError(f"{a_dir} and {b_dir} have different tokenizers: token {diff[0]!r} "
+                                  f"(id {diff[1]}) is in one vocabulary only")
+
+
+def _vocab(path: Path) -> dict[str, int]:
+    """token -> id of a tokenizers JSON file, added tokens included."""
+    tok = json.loads(path.read_text())
+    vocab = dict(tok.get("model", {}).get("vocab", {}))
+    vocab.update({t["content"]: t["id"] for t in tok.get("added_tokens", [])})
+    return vocab
 
 
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",

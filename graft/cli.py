@@ -1,0 +1,46 @@
+"""What every stage entry point shares: one-line errors for bad input, and outputs kept inside the repository."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+# Bad input (params, tables, checkpoints, tensors, empty results) raises one of these with a message that names the
+# key, file, column or tensor. They are reported as one line; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, OSError)
+
+
+def run_stage(main: Callable[[], None]) -> None:
+    name = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "stage"
+    try:
+        main()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        print(f"{name}: error: params.yaml is not valid YAML{where}: {getattr(e, 'problem', e)}", file=sys.stderr)
+        sys.exit(2)
+    except USER_ERRORS as e:
+        print(f"{name}: error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, whatever the message
+        sys.exit(2)
+
+
+def output_path(path: str | Path, root: Path | None = None) -> Path:
+    """A stage output named on the command line must be a relative path inside the repository."""
+    root = (root or Path.cwd()).resolve()
+    p = Path(path)
+    if p.is_absolute() or not (root / p).resolve().is_relative_to(root):
+        raise ValueError(f"output {path}: must be a path inside the repository ({root})")
+    return p
+
+
+def require_free_space(where: str | Path, needed: int, what: str) -> None:
+    """Fail before writing when the disk cannot hold the output (with 5% headroom)."""
+    where = Path(where)
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free < needed * 1.05:
+        raise OSError(f"{what}: needs {needed / 2**30:.2f} GiB, only {free / 2**30:.2f} GiB free on {where}")
