@@ -33,16 +33,29 @@ SCHEMA: dict[str, dict] = {
     "finetune": {
         "donor": Field(STR),
         "source": Field(STR, lambda s: s in ("teacher", "synthself"), "one of teacher, synthself"),
-        "lr": POS_NUM,
-        "epochs": POS_INT,
-        "batch_size": POS_INT,
+        "lrs": Field(list, lambda v: len(v) > 0, "non-empty", item=POS_NUM),  # the grid: one finetune each
+        "epochs": POS_INT,                      # a snapshot after every epoch
+        "global_batch_size": POS_INT,           # examples per optimiser step over all processes
+        "micro_batch_size": POS_INT,            # examples per forward pass (gradient accumulation makes up the rest)
         "max_len": POS_INT,
+        "loss": Field(STR, lambda s: s in ("sft", "dft"), "one of sft, dft"),
         "warmup_ratio": Field(NUM, unit_open, "in [0, 1)"),
         "weight_decay": Field(NUM, nonneg, ">= 0"),
         "betas": Field(list, lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two values in [0, 1)",
                        item=Field(NUM)),
         "grad_clip": POS_NUM,
-        "dtype": DTYPE,
+        "dtype": DTYPE,                         # weights, optimiser and snapshots (keep float32: deltas are small)
+        "autocast": Field(STR, lambda s: s in ("none", "bfloat16", "float16"), "one of none, bfloat16, float16"),
+        "num_processes": POS_INT,               # > 1: torchrun + DDP (gloo on CPU, nccl on GPU)
+        "checkpoint_every": NONNEG_INT,         # optimiser steps between resume checkpoints (0: epoch ends only)
+        "seed": SEED,
+    },
+    "opsd": {
+        "alphas": Field(list, lambda v: len(v) > 0, "non-empty",
+                        item=Field(NUM, lambda x: 0 <= x <= 1, "in [0, 1]")),
+        "top_k": POS_INT,
+        "temperature": POS_NUM,
+        "max_new_tokens": POS_INT,
         "seed": SEED,
     },
     "fisher": {
@@ -59,6 +72,7 @@ SCHEMA: dict[str, dict] = {
         "rhos": Field(list, lambda v: len(v) > 0, "non-empty", item=Field(NUM, lambda x: 0 < x < 1, "in (0, 1)")),
         "fisher_merge_lams": Field(list, lambda v: len(v) > 0, "non-empty",
                                    item=Field(NUM, lambda x: 0 < x <= 1, "in (0, 1]")),
+        "epochs": Field(list, lambda v: len(v) > 0, "non-empty", item=POS_INT),  # snapshots that become points
         "masks": Field(list, lambda v: len(v) > 0 and all(m in MASKS for m in v),
                        f"a non-empty list of {', '.join(MASKS)}", item=Field(STR)),
     },
@@ -76,9 +90,17 @@ def check_cross(p: dict[str, Section]) -> None:
     check_world(p)
     if len(set(p["sweep"].lams)) != len(p["sweep"].lams):
         raise ParamsError("params.yaml: sweep.lams has a repeated value")
-    for key in ("rhos", "masks", "fisher_merge_lams"):
-        if len(set(p["sweep"][key])) != len(p["sweep"][key]):
-            raise ParamsError(f"params.yaml: sweep.{key} has a repeated value")
+    for sec, key in (("sweep", "rhos"), ("sweep", "masks"), ("sweep", "fisher_merge_lams"), ("sweep", "epochs"),
+                     ("finetune", "lrs"), ("opsd", "alphas")):
+        if len(set(p[sec][key])) != len(p[sec][key]):
+            raise ParamsError(f"params.yaml: {sec}.{key} has a repeated value")
+    ft = p["finetune"]
+    if max(p["sweep"].epochs) > ft.epochs:
+        raise ParamsError(f"params.yaml: sweep.epochs has {max(p['sweep'].epochs)}, past finetune.epochs "
+                          f"({ft.epochs}): no such snapshot")
+    if ft.micro_batch_size > ft.global_batch_size:
+        raise ParamsError(f"params.yaml: finetune.micro_batch_size ({ft.micro_batch_size}) exceeds "
+                          f"finetune.global_batch_size ({ft.global_batch_size})")
 
 
 def validate(raw: dict) -> dict[str, Section]:

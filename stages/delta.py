@@ -1,32 +1,40 @@
-"""delta: the task vector of a finetune, fp32 safetensors keyed by parameter name, streamed tensor by tensor.
+"""delta: the task vector of a finetune snapshot, fp32 safetensors keyed by parameter name, streamed tensor by tensor.
 
-python -m stages.delta --kind graft  ->  tensors/delta/graft/  (donor_ft - donor, sharded like donor_ft)
-python -m stages.delta --kind sft    ->  tensors/delta/sft/    (sft - post)
+python -m stages.delta --kind graft --lr L --epoch E  ->  tensors/delta/graft_lr<L>_ep<E>/  (donor_ft - donor)
+python -m stages.delta --kind sft --lr L --epoch E    ->  tensors/delta/sft_lr<L>_ep<E>/    (sft - post)
 """
 from __future__ import annotations
 
 import argparse
 
+from graft.cli import run_stage
 from graft.atomic import atomic_dir
 from graft.merging import write_delta
-from graft.schema import load_params
+from graft.schema import load_all
+from graft.sweep import require, run_tag
 from graft.tensors import check_compatible
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kind", choices=["graft", "sft"], required=True)
-    kind = ap.parse_args().kind
-    ft, models = load_params("finetune", "models")
-    if kind == "graft":
+    ap.add_argument("--lr", type=float, required=True)
+    ap.add_argument("--epoch", type=int, required=True)
+    args = ap.parse_args()
+    p = load_all()
+    ft, models = p["finetune"], p["models"]
+    require(args.lr, ft.lrs, "finetune.lrs", "--lr")
+    require(args.epoch, p["sweep"].epochs, "sweep.epochs", "--epoch")
+    tag = run_tag(args.lr, args.epoch)
+    if args.kind == "graft":
         check_compatible(ft.donor, models.post)  # the graft is applied to post: catch a mismatch before any work
-        pair = ("models/finetuned/donor", ft.donor)
+        pair = (f"models/finetuned/donor_lr{args.lr}/epoch{args.epoch}", ft.donor)
     else:
-        pair = ("models/finetuned/sft", models.post)
-    with atomic_dir(f"tensors/delta/{kind}") as tmp:
+        pair = (f"models/finetuned/sft_lr{args.lr}/epoch{args.epoch}", models.post)
+    with atomic_dir(f"tensors/delta/{args.kind}_{tag}") as tmp:
         norms = write_delta(*pair, tmp)
-    print(f"delta {kind}: {len(norms)} tensors, norm {sum(norms.values()) ** 0.5:.4f}")
+    print(f"delta {args.kind}_{tag}: {len(norms)} tensors, norm {sum(norms.values()) ** 0.5:.4f}")
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

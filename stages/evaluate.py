@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from graft.cli import run_stage
 from graft.atomic import write_json, write_parquet
 from graft.evaluation import evaluate_model
 from graft.generation import SamplingSpec, open_generator
@@ -23,6 +24,9 @@ def main() -> None:
     ap.add_argument("--method", required=True)
     ap.add_argument("--lam", type=float)
     ap.add_argument("--rho", type=float)
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--epoch", type=int)
+    ap.add_argument("--alpha", type=float)
     args = ap.parse_args()
     p, gen, chat, models, data = load_params("evaluate", "generation", "chat", "models", "data")
     heldout = read_table("data/mined/heldout.parquet", "hard_pool")
@@ -35,7 +39,8 @@ def main() -> None:
     metrics, samples = evaluate_model(generator, heldout, suites, spec, p.pass_k, chat.thinking)
     generator.close()
     t2 = time.perf_counter()
-    point = {"name": args.name, "method": args.method, "lam": args.lam, "rho": args.rho, **metrics}
+    point = {"name": args.name, "method": args.method, "lam": args.lam, "rho": args.rho, "lr": args.lr,
+             "epoch": args.epoch, "alpha": args.alpha, **metrics}
     write_json(f"reports/points/{args.name}.json", point)
     write_parquet(f"reports/samples/{args.name}.parquet", samples)
     # timings vary run to run: kept out of the cached metrics, printed for the log
@@ -44,4 +49,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

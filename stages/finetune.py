@@ -1,43 +1,64 @@
-"""finetune: full SFT of the donor (for grafting) or of the post model (for the SFT baselines).
+"""finetune: full finetuning of the donor (for grafting) or of the post model (for the SFT baselines) at one learning
+rate of the grid, with a snapshot after every epoch.
 
-python -m stages.finetune --target donor|sft  ->  models/finetuned/<target>/, reports/finetune/<target>.json (loss curve)
-The target chooses the model only; data, optimiser and schedule are the same for both (paper Appendix C).
+python -m stages.finetune --target donor|sft --lr L  ->  models/finetuned/<target>_lr<L>/epoch<e>/ (HF model dirs),
+    reports/finetune/<target>_lr<L>.json (loss curve, DVC plot data),
+    reports/timing/finetune_<target>_lr<L>.parquet (per-step seconds; a measurement, not a DVC output)
+The target chooses the model only; data, optimiser and schedule are the same for both (paper Appendix C). With
+finetune.num_processes > 1 the stage runs itself under torchrun with DDP. An interrupted run resumes from its last
+checkpoint in .graft/work/.
 """
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
+import pandas as pd
 import torch
 
-from graft.atomic import atomic_dir, write_json
-from graft.modeling import load_model, load_tokenizer, save_model_dir
+from graft.cli import run_stage
+from graft.atomic import write_json, write_parquet
+from graft.finetuning import (SupervisedObjective, init_distributed, relaunch_under_torchrun, spec_from_params,
+                              train_to_snapshots)
+from graft.modeling import load_model, load_tokenizer
 from graft.schema import load_params
+from graft.sweep import require
 from graft.tables import read_table
-from graft.training import OptimConfig, SFTExample, finetune_sft
+from graft.training import SFTExample, encode_sft
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", choices=["donor", "sft"], required=True)
-    target = ap.parse_args().target
+    ap.add_argument("--lr", type=float, required=True)
+    args = ap.parse_args()
     p, chat, models = load_params("finetune", "chat", "models")
+    require(args.lr, p.lrs, "finetune.lrs", "--lr")
+    if relaunch_under_torchrun(p.num_processes, "stages.finetune", sys.argv[1:]):
+        return
     torch.use_deterministic_algorithms(True)
-    src = p.donor if target == "donor" else models.post
-    data = read_table(f"data/offpolicy/{p.source}.parquet", "offpolicy")
-    examples = [SFTExample(q, t, a) for q, t, a in zip(data["question"], data["think"], data["answer"])]
-    model = load_model(src, p.dtype, models.trust_remote_code)
+    info = init_distributed()
+    src = p.donor if args.target == "donor" else models.post
+    data_path = f"data/offpolicy/{p.source}.parquet"
+    data = read_table(data_path, "offpolicy")
+    model = load_model(src, p.dtype, models.trust_remote_code).to(info.device)
     tokenizer = load_tokenizer(src, models.trust_remote_code)
-    cfg = OptimConfig(lr=p.lr, betas=tuple(p.betas), weight_decay=p.weight_decay, warmup_ratio=p.warmup_ratio,
-                      grad_clip=p.grad_clip)
-    curve: list[dict] = []
-    losses = finetune_sft(model, tokenizer, examples, chat.thinking, p.max_len, p.batch_size, p.epochs, cfg, p.seed,
-                          desc=f"finetune {target}",
-                          log=lambda s, loss, lr: curve.append({"step": s, "loss": loss, "lr": lr}))
-    with atomic_dir(f"models/finetuned/{target}") as tmp:
-        save_model_dir(model, tokenizer, tmp)
-    write_json(f"reports/finetune/{target}.json", curve)  # a list of records: what `dvc plots` reads
-    print(f"finetune {target}: {len(examples)} examples, {len(losses)} steps, final loss {losses[-1]:.4f}")
+    encoded = [encode_sft(tokenizer, SFTExample(q, t, a), chat.thinking, p.max_len)
+               for q, t, a in zip(data["question"], data["think"], data["answer"])]
+    name = f"{args.target}_lr{args.lr}"
+    log = train_to_snapshots(
+        model, tokenizer, SupervisedObjective(encoded, tokenizer.pad_token_id, p.loss), len(encoded),
+        spec_from_params(p, args.lr), out=Path(f"models/finetuned/{name}"), inputs=[src, data_path],
+        settings={"stage": "finetune", "target": args.target, "lr": args.lr,
+                  "finetune": {k: v for k, v in p.items() if k != "lrs"},
+                  "thinking": chat.thinking}, dist_info=info, desc=f"finetune {name}")
+    if info.main:
+        write_json(f"reports/finetune/{name}.json", log.curve)  # a list of records: what `dvc plots` reads
+        write_parquet(f"reports/timing/finetune_{name}.parquet", pd.DataFrame(log.timing).assign(method="graft" if args.target == "donor" else "sft"))
+        print(f"finetune {name}: {len(encoded)} examples, {len(log.curve)} steps, "
+              f"final loss {log.curve[-1]['loss']:.4f}")
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -2,20 +2,22 @@
 
 python -m stages.fisher --which retention  ->  the post model on old-task retention prompts: diagonal Fisher and
     KFAC factors with their eigendecompositions (tensors/fisher/retention/{diagonal,kfac}.safetensors)
-python -m stages.fisher --which new        ->  the SFT model on the mined training prompts: diagonal Fisher, for the
-    Fisher-merging baseline (tensors/fisher/new/diagonal.safetensors)
+python -m stages.fisher --which new --lr L --epoch E  ->  the SFT snapshot on the mined training prompts: diagonal
+    Fisher, for the Fisher-merging baseline (tensors/fisher/new_lr<L>_ep<E>/diagonal.safetensors)
 """
 from __future__ import annotations
 
 import argparse
 
+from graft.cli import run_stage
 from graft.atomic import atomic_file, write_json
 from graft.chat import render_prompt
 from graft.fisher import estimate_diag_fisher
 from graft.generation import SamplingSpec, open_generator
 from graft.kfac import eigh_factor, estimate_kfac_factors
 from graft.modeling import load_model, load_tokenizer
-from graft.schema import load_params
+from graft.schema import load_all
+from graft.sweep import require, run_tag
 from graft.tables import read_table
 from graft.tensors import save_tensors
 
@@ -23,12 +25,20 @@ from graft.tensors import save_tensors
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--which", choices=["retention", "new"], required=True)
-    which = ap.parse_args().which
-    p, gen, chat, models, data = load_params("fisher", "generation", "chat", "models", "data")
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--epoch", type=int)
+    args = ap.parse_args()
+    which = args.which
+    allp = load_all()
+    p, gen, chat, models, data = (allp[k] for k in ("fisher", "generation", "chat", "models", "data"))
     if which == "retention":
         model_dir, prompts_table = models.post, read_table(data.retention, "problems")
     else:
-        model_dir, prompts_table = "models/finetuned/sft", read_table("data/mined/train.parquet", "hard_pool")
+        require(args.lr, allp["finetune"].lrs, "finetune.lrs", "--lr")
+        require(args.epoch, allp["sweep"].epochs, "sweep.epochs", "--epoch")
+        model_dir = f"models/finetuned/sft_lr{args.lr}/epoch{args.epoch}"
+        prompts_table = read_table("data/mined/train.parquet", "hard_pool")
+        which = f"new_{run_tag(args.lr, args.epoch)}"
     questions = [prompts_table["question"][i % len(prompts_table)] for i in range(p.n_rollouts)]
     tokenizer = load_tokenizer(model_dir, models.trust_remote_code)
     prompts = [render_prompt(q, chat.thinking) for q in questions]
@@ -60,4 +70,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 
+from graft.cli import output_path, require_free_space, run_stage
 from graft.atomic import atomic_dir
 from graft.merging import merge_into_dir
 from graft.schema import load_params
-from graft.tensors import check_compatible
+from graft.tensors import check_compatible, checkpoint_bytes
 
 
 def main() -> None:
@@ -21,12 +22,14 @@ def main() -> None:
     args = ap.parse_args()
     models = load_params("models")
     if args.lam <= 0:
-        raise SystemExit(f"merge: lam must be > 0, got {args.lam}")
-    with atomic_dir(args.out) as tmp:
+        raise ValueError(f"--lam must be > 0, got {args.lam}")
+    out = output_path(args.out)
+    require_free_space(out.parent, checkpoint_bytes(models.post), f"merge into {out}")
+    with atomic_dir(out) as tmp:
         merge_into_dir(models.post, args.delta, args.lam, tmp)
         check_compatible(tmp, models.post)
     print(f"merged {args.out}")
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -8,6 +8,7 @@ import random
 
 import pandas as pd
 
+from graft.cli import run_stage
 from graft.atomic import write_parquet
 from graft.chat import render_prompt
 from graft.generation import SamplingSpec, open_generator
@@ -16,7 +17,7 @@ from graft.schema import load_params
 from graft.tables import read_table
 
 
-class MiningError(RuntimeError):
+class MiningError(ValueError):
     pass
 
 
@@ -61,4 +62,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -13,23 +13,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from graft.cli import run_stage
 from graft.atomic import atomic_file, write_json, write_parquet  # noqa: E402
 from graft.pareto import non_dominated  # noqa: E402
-from graft.schema import load_params  # noqa: E402
+from graft.schema import load_all  # noqa: E402
+from graft.sweep import point_names  # noqa: E402
 
-METHOD_ORDER = ["post", "sft", "sft_merge", "fisher_merge", "graft", "graft_diagonal", "graft_kfac", "graft_random"]
-
-
-def current_points(sweep) -> list[str]:
-    """Names of the points the current params declare (stale point files from older sweeps are ignored).
-
-    Must name points exactly as dvc.yaml does: values are rendered with Python's str(), as DVC renders them."""
-    names = ["post", "sft"]
-    names += [f"sft_merge_lam{lam}" for lam in sweep.lams]
-    names += [f"fisher_merge_lam{lam}" for lam in sweep.fisher_merge_lams]
-    names += [f"graft_lam{lam}" for lam in sweep.lams]
-    names += [f"graft_{kind}_lam{lam}_rho{rho}" for kind in sweep.masks for lam in sweep.lams for rho in sweep.rhos]
-    return names
+METHOD_ORDER = ["post", "sft", "sft_merge", "fisher_merge", "opsd", "graft", "graft_diagonal", "graft_kfac",
+                "graft_random"]
 
 
 def load_points(names: list[str], folder: Path) -> pd.DataFrame:
@@ -40,8 +31,8 @@ def load_points(names: list[str], folder: Path) -> pd.DataFrame:
             raise FileNotFoundError(f"report: point {name} has no {path}; run its evaluate stage")
         d = json.loads(path.read_text())
         method = d["method"]
-        row = {"name": name, "method": method, "lam": d.get("lam"), "rho": d.get("rho"),
-               "new_task": d["new_task"], "old_task": d["old_task"]}
+        row = {"name": name, "method": method, "lr": d.get("lr"), "epoch": d.get("epoch"), "lam": d.get("lam"),
+               "rho": d.get("rho"), "alpha": d.get("alpha"), "new_task": d["new_task"], "old_task": d["old_task"]}
         for key, val in d.items():
             if key.startswith("old:") or key == "new":
                 for metric, v in val.items():
@@ -54,13 +45,15 @@ def load_points(names: list[str], folder: Path) -> pd.DataFrame:
 
 def plot(df: pd.DataFrame, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
+    several = [c for c in ("lr", "epoch") if df[c].dropna().nunique() > 1]  # name the grid only where it varies
     for method in [m for m in METHOD_ORDER if m in set(df.method)]:
         sub = df[df.method == method]
         sc = ax.scatter(sub.new_task, sub.old_task, label=method, s=40, alpha=0.85)
         front = sub[non_dominated(list(zip(sub.new_task, sub.old_task)))].sort_values("new_task")
         ax.plot(front.new_task, front.old_task, color=sc.get_facecolor()[0], lw=1)
         for _, r in sub.iterrows():
-            tag = "" if pd.isna(r.lam) else f"λ{r.lam:g}" + ("" if pd.isna(r.rho) else f" ρ{r.rho:g}")
+            marks = [("λ", r.lam), ("ρ", r.rho), ("α", r.alpha)] + [(f"{c} ", getattr(r, c)) for c in several]
+            tag = " ".join(f"{sym}{v:g}" for sym, v in marks if not pd.isna(v))
             ax.annotate(tag, (r.new_task, r.old_task), fontsize=7, xytext=(3, 3), textcoords="offset points")
     glob = df[df.frontier]
     ax.scatter(glob.new_task, glob.old_task, facecolors="none", edgecolors="black", s=120, lw=1.2,
@@ -77,8 +70,7 @@ def plot(df: pd.DataFrame, path: Path) -> None:
 
 
 def main() -> None:
-    sweep = load_params("sweep")
-    df = load_points(current_points(sweep), Path("reports/points"))
+    df = load_points(point_names(load_all()), Path("reports/points"))
     write_parquet("reports/points.parquet", df)
     plot(df, Path("reports/pareto.png"))
     write_json("reports/pareto.json", {"points": [
@@ -90,4 +82,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

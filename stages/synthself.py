@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+from graft.cli import run_stage
 from graft.atomic import write_json, write_parquet
 from graft.chat import render_prompt
 from graft.generation import SamplingSpec, open_generator
@@ -36,4 +37,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+from graft.cli import run_stage
 from graft.atomic import write_parquet
 from graft.offpolicy import teacher_traces
 from graft.tables import read_table
@@ -17,4 +18,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

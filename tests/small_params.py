@@ -22,9 +22,13 @@ SMALL_OVERRIDES = {
     },
     "mine": {"k": 2, "heldout": 6, "max_new_tokens": 24, "max_successes": 2},
     "synthself": {"max_new_tokens": 24},
-    "finetune": {"epochs": 1, "batch_size": 8, "source": "teacher"},  # the tiny aligner accepts no rewrite
+    # the tiny aligner accepts no rewrite: teacher traces; micro < global exercises gradient accumulation
+    "finetune": {"epochs": 2, "global_batch_size": 8, "micro_batch_size": 4, "source": "teacher",
+                 "checkpoint_every": 1},
+    "opsd": {"alphas": [0.5], "max_new_tokens": 16},
     "fisher": {"n_rollouts": 6, "max_new_tokens": 16, "chunk": 3},
-    "sweep": {"lams": [0.5, 1.0], "rhos": [0.1], "masks": ["diagonal", "kfac", "random"], "fisher_merge_lams": [0.5]},
+    "sweep": {"lams": [0.5, 1.0], "rhos": [0.1], "masks": ["diagonal", "kfac", "random"], "fisher_merge_lams": [0.5],
+              "epochs": [2]},
     "evaluate": {"n_samples": 2, "pass_k": [1, 2], "max_new_tokens": 24},
 }
 

@@ -33,7 +33,7 @@ def test_default_params_validate():
     (lambda d: d["sweep"].update({"lams": [0.5, 0.5]}), "sweep.lams has a repeated value"),
     (lambda d: d["generation"].update({"backend": "tgi"}), "generation.backend must be one of vllm, hf"),
     (lambda d: d["finetune"].update({"betas": [0.9]}), "finetune.betas must be two values"),
-    (lambda d: d["finetune"].update({"lr": float("nan")}), "finetune.lr must be finite"),
+    (lambda d: d["finetune"].update({"lrs": [float("nan")]}), "finetune.lrs"),
     (lambda d: d["finetune"].update({"dtype": "fp8"}), "finetune.dtype must be one of"),
     (lambda d: d["chat"].update({"thinking": "yes"}), "chat.thinking must be true or false"),
     (lambda d: d["world"]["student"].update({"num_key_value_heads": 3}), "world.student.num_attention_heads"),

@@ -1,0 +1,67 @@
+"""opsd: the on-policy self-distillation baseline, trained from the post model with the finetune recipe.
+
+python -m stages.opsd --alpha A --lr L  ->  models/opsd/alpha<A>_lr<L>/epoch<e>/ (HF model dirs),
+    reports/opsd/alpha<A>_lr<L>.json (loss curve), reports/timing/opsd_alpha<A>_lr<L>.parquet (per-step seconds
+    split into sampling and update; a measurement, not a DVC output)
+Each step: the student samples one response per problem, a frozen demonstration-conditioned copy of the post model
+scores it, and the student follows D_alpha on the teacher's top-k tokens (graft/opsd.py).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from graft.cli import run_stage
+from graft.atomic import write_json, write_parquet
+from graft.finetuning import init_distributed, relaunch_under_torchrun, spec_from_params, train_to_snapshots
+from graft.modeling import load_model, load_tokenizer
+from graft.opsd import OPSDExample, OPSDObjective
+from graft.schema import load_params
+from graft.sweep import require
+from graft.tables import read_table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--alpha", type=float, required=True)
+    ap.add_argument("--lr", type=float, required=True)
+    args = ap.parse_args()
+    o, p, gen, chat, models = load_params("opsd", "finetune", "generation", "chat", "models")
+    require(args.alpha, o.alphas, "opsd.alphas", "--alpha")
+    require(args.lr, p.lrs, "finetune.lrs", "--lr")
+    if relaunch_under_torchrun(p.num_processes, "stages.opsd", sys.argv[1:]):
+        return
+    torch.use_deterministic_algorithms(True)
+    info = init_distributed()
+    data_path = f"data/offpolicy/{p.source}.parquet"
+    data = read_table(data_path, "offpolicy")
+    model = load_model(models.post, p.dtype, models.trust_remote_code).to(info.device)
+    teacher = copy.deepcopy(model).eval()  # frozen: the post model conditioned on the demonstration
+    tokenizer = load_tokenizer(models.post, models.trust_remote_code)
+    examples = [OPSDExample(q, t, a) for q, t, a in zip(data["question"], data["think"], data["answer"])]
+    objective = OPSDObjective(teacher, tokenizer, examples, chat.thinking, args.alpha, o.top_k, o.temperature,
+                              gen.top_p, o.max_new_tokens, o.seed, p.max_len)
+    name = f"alpha{args.alpha}_lr{args.lr}"
+    log = train_to_snapshots(
+        model, tokenizer, objective, len(examples), spec_from_params(p, args.lr), out=Path(f"models/opsd/{name}"),
+        inputs=[models.post, data_path],
+        settings={"stage": "opsd", "alpha": args.alpha, "lr": args.lr,
+                  "finetune": {k: v for k, v in p.items() if k != "lrs"},
+                  "opsd": {k: v for k, v in o.items() if k != "alphas"},
+                  "top_p": gen.top_p, "thinking": chat.thinking}, dist_info=info, desc=f"opsd {name}")
+    if info.main:
+        write_json(f"reports/opsd/{name}.json", log.curve)
+        timing = pd.DataFrame(log.timing).assign(method="opsd")
+        write_parquet(f"reports/timing/opsd_{name}.parquet", timing)
+        share = timing.sample_s.sum() / (timing.sample_s.sum() + timing.update_s.sum())
+        print(f"opsd {name}: {len(examples)} problems, {len(log.curve)} steps, final loss {log.curve[-1]['loss']:.4f}, "
+              f"sampling {share:.0%} of step time")
+
+
+if __name__ == "__main__":
+    run_stage(main)
