@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graft.params import (BOOL, DTYPE, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section,
+from graft.params import (BOOL, DTYPE, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section,
                           nonneg, positive, read_yaml, unit_open, validate_sections)
 from graft.schema_world import WORLD_SCHEMA, check_world
 
 MASKS = ("diagonal", "kfac", "random")
+# off-policy sources: data/offpolicy/<source>.parquet; "external" is a file the user drops there (same schema)
+SOURCES = ("teacher", "synthself", "star", "knowledge", "external")
 
 SCHEMA: dict[str, dict] = {
     **WORLD_SCHEMA,
@@ -29,10 +31,29 @@ SCHEMA: dict[str, dict] = {
         "max_new_tokens": POS_INT,
         "seed": SEED,
     },
-    "synthself": {"max_new_tokens": POS_INT},
+    "star": {
+        "attempts": POS_INT,                    # samples per mined training problem; the first verified one is kept
+        "temperature": POS_NUM,
+        "max_new_tokens": POS_INT,
+        "seed": SEED,
+    },
+    "synthself": {
+        # candidate aligners, name -> model dir; SynthSelf Eq. 6 chooses one ("student" is the post model itself)
+        "aligners": Field(dict, lambda d: len(d) > 0 and "student" not in d,
+                          'a non-empty mapping of name -> model dir, without the name "student"', item=Field(STR)),
+        "max_new_tokens": POS_INT,
+    },
+    "knowledge": {
+        "entities": POS_INT,
+        "relations_per_entity": Field(INT, lambda x: 1 <= x <= 5, "in [1, 5]"),
+        "phrasings": Field(INT, lambda x: 2 <= x <= 8, "in [2, 8]"),
+        "heldout_phrasings": POS_INT,           # the last phrasings of each relation: evaluation only
+        "eval_facts": POS_INT,                  # facts whose held-out phrasings form the new task
+        "seed": SEED,
+    },
     "finetune": {
         "donor": Field(STR),
-        "source": Field(STR, lambda s: s in ("teacher", "synthself"), "one of teacher, synthself"),
+        "source": Field(STR, lambda s: s in SOURCES, f"one of {', '.join(SOURCES)}"),
         "lrs": Field(list, lambda v: len(v) > 0, "non-empty", item=POS_NUM),  # the grid: one finetune each
         "epochs": POS_INT,                      # a snapshot after every epoch
         "global_batch_size": POS_INT,           # examples per optimiser step over all processes
@@ -94,6 +115,10 @@ def check_cross(p: dict[str, Section]) -> None:
                      ("finetune", "lrs"), ("opsd", "alphas")):
         if len(set(p[sec][key])) != len(p[sec][key]):
             raise ParamsError(f"params.yaml: {sec}.{key} has a repeated value")
+    kn = p["knowledge"]
+    if kn.heldout_phrasings >= kn.phrasings:
+        raise ParamsError(f"params.yaml: knowledge.heldout_phrasings ({kn.heldout_phrasings}) must be below "
+                          f"knowledge.phrasings ({kn.phrasings}): some phrasings must be trained on")
     ft = p["finetune"]
     if max(p["sweep"].epochs) > ft.epochs:
         raise ParamsError(f"params.yaml: sweep.epochs has {max(p['sweep'].epochs)}, past finetune.epochs "

@@ -1,39 +1,59 @@
-"""synthself: the aligner greedily rewrites each gold solution in its own words; keep rewrites with the gold answer.
+"""synthself: choose the aligner (SynthSelf Eq. 6) and keep its rewrites that kept the gold answer.
 
--> data/offpolicy/synthself.parquet (accepted rows, ``offpolicy`` schema), reports/synthself/rewrites.parquet
-(every rewrite with its grade) and reports/synthself/summary.json (acceptance rate).
+-> data/offpolicy/synthself.parquet (accepted rows of the chosen aligner, ``offpolicy`` schema),
+   reports/synthself/aligners.parquet (every candidate: accuracy R, student NLL L, the student's own R and the
+   student's NLL on the gold solutions, eligibility, choice), reports/synthself/summary.json
+A rewrite is dropped when its answer differs from the gold answer, never replaced by the gold solution. If no
+candidate satisfies both constraints the table is empty (with a warning naming the numbers): a valid result when
+another source is trained on; finetuning on it fails there.
 """
 from __future__ import annotations
 
-from graft.cli import run_stage
+import pandas as pd
+
 from graft.atomic import write_json, write_parquet
-from graft.chat import render_prompt
-from graft.generation import SamplingSpec, open_generator
-from graft.offpolicy import COLUMNS, accept_rewrites
+from graft.chat import render_prompt, render_response
+from graft.cli import run_stage
+from graft.likelihood import mean_token_nll
+from graft.modeling import load_model, load_tokenizer
+from graft.offpolicy import COLUMNS, select_aligner
 from graft.schema import load_params
 from graft.tables import read_table
-from graft.tasks import rewrite_question
 
 
 def main() -> None:
-    p, gen, chat, models = load_params("synthself", "generation", "chat", "models")
+    p, chat, models = load_params("synthself", "chat", "models")
     train = read_table("data/mined/train.parquet", "hard_pool")
-    prompts = [render_prompt(rewrite_question(q, s), chat.thinking) for q, s in zip(train["question"], train["solution"])]
-    generator = open_generator(models.aligner, gen, models.trust_remote_code)
-    outs = generator.generate(prompts, SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=p.max_new_tokens,
-                                                    seed=0))
-    generator.close()
-    table = accept_rewrites(train, [o[0].text for o in outs], chat.thinking)
-    accepted = table[table.accepted]
-    rate = float(table.accepted.mean())
-    write_parquet("reports/synthself/rewrites.parquet", table)
-    write_json("reports/synthself/summary.json", {"rewrites": len(table), "accepted": len(accepted),
-                                                  "acceptance_rate": rate})
-    # An empty table is a valid result of this stage; finetuning on it (finetune.source: synthself) fails there.
-    write_parquet("data/offpolicy/synthself.parquet", accepted[COLUMNS].reset_index(drop=True))
-    if len(accepted) == 0:
-        print("synthself: WARNING no rewrite kept the gold answer (see reports/synthself/rewrites.parquet)")
-    print(f"synthself: accepted {len(accepted)}/{len(table)} rewrites ({rate:.1%})")
+    tables = {n: pd.read_parquet(f"reports/synthself/rewrites/{n}.parquet") for n in [*sorted(p.aligners), "student"]}
+    student = load_model(models.post, "float32", models.trust_remote_code)
+    tok = load_tokenizer(models.post, models.trust_remote_code)
+
+    def ids(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    gold_nll = float(pd.Series(mean_token_nll(student, [
+        (ids(render_prompt(q, chat.thinking)), ids(render_response(s, a, chat.thinking)))
+        for q, s, a in zip(train["question"], train["solution"], train["answer"])], tok.pad_token_id)).mean())
+    student_acc = float(tables["student"].accepted.mean())
+    cands = pd.DataFrame([{"name": n, "model": p.aligners[n], "accuracy": float(tables[n].accepted.mean()),
+                           "nll": float(tables[n].student_nll.mean())} for n in sorted(p.aligners)])
+    cands["student_accuracy"], cands["gold_nll"] = student_acc, gold_nll
+    cands["eligible"] = (cands.nll < gold_nll) & (cands.accuracy > student_acc)
+    chosen = select_aligner(cands, student_acc, gold_nll)
+    cands["chosen"] = cands.name == chosen
+    write_parquet("reports/synthself/aligners.parquet", cands)
+    print(cands.to_string(index=False))
+    if chosen is None:
+        print("synthself: WARNING no aligner satisfies Eq. 6 (student NLL of its rewrites below the gold NLL "
+              f"{gold_nll:.3f} and accuracy above the student's {student_acc:.3f}); the table is empty")
+        kept = tables["student"].iloc[:0]
+    else:
+        kept = tables[chosen][tables[chosen].accepted]
+    write_json("reports/synthself/summary.json", {
+        "aligner": chosen, "rewrites": len(train), "accepted": len(kept), "acceptance_rate": len(kept) / len(train),
+        "student_accuracy": student_acc, "gold_nll": gold_nll})
+    write_parquet("data/offpolicy/synthself.parquet", kept[COLUMNS].reset_index(drop=True))
+    print(f"synthself: aligner {chosen}, accepted {len(kept)}/{len(train)} rewrites")
 
 
 if __name__ == "__main__":

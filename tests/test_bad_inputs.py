@@ -91,6 +91,10 @@ PARAM_CASES = [
     P("alpha out of range", lambda p: p["opsd"].update(alphas=[1.5]), "opsd.alphas"),
     P("negative weight decay", lambda p: p["finetune"].update(weight_decay=-0.1), "finetune.weight_decay"),
     P("bad dtype", lambda p: p["finetune"].update(dtype="fp8"), "finetune.dtype"),
+    P("unknown source", lambda p: p["finetune"].update(source="web"), "finetune.source"),
+    P("aligner named student", lambda p: p["synthself"].update(aligners={"student": "models/post"}),
+      "synthself.aligners"),
+    P("no trained phrasing", lambda p: p["knowledge"].update(heldout_phrasings=8), "knowledge.heldout_phrasings"),
 ]
 
 

@@ -65,8 +65,14 @@ RUN = "0.001-2"   # the small profile's one finetune snapshot: lr 0.001, epoch 2
 
 def test_full_dag_runs_and_writes_the_report(repo):
     log = run(["dvc", "repro"], repo)
-    assert {"world", "mine", "teacher", "synthself", "finetune_donor@0.001", "finetune_sft@0.001", "opsd@0.5-0.001",
+    assert {"world", "mine", "teacher", "star", "rewrite@aligner", "rewrite@base", "rewrite_student", "synthself",
+            "knowledge", "sources", "finetune_donor@0.001", "finetune_sft@0.001", "opsd@0.5-0.001",
             "fisher_retention", f"fisher_new@{RUN}", f"fisher_share@{RUN}", "report"} <= ran_stages(log)
+    sources = pd.read_parquet(repo / "reports/offpolicy_sources.parquet")
+    assert list(sources.source) == ["teacher", "synthself", "star", "knowledge"]
+    assert sources.rate.between(0, 1).all() and (sources.rows >= 0).all()
+    aligners = pd.read_parquet(repo / "reports/synthself/aligners.parquet")
+    assert set(aligners.name) == {"aligner", "base"} and aligners.chosen.sum() <= 1
     points = pd.read_parquet(repo / "reports/points.parquet")
     assert set(points.method) == {"post", "sft", "sft_merge", "fisher_merge", "opsd", "graft", "graft_diagonal",
                                   "graft_kfac", "graft_random"}
@@ -134,6 +140,21 @@ def test_new_learning_rate_finetunes_only_that_rate(repo):
     assert ran == {"finetune_donor@0.003", "finetune_sft@0.003", "opsd@0.5-0.003"}
     run(["git", "checkout", "--", "."], repo)           # back to the committed sweep
     run(["git", "clean", "-fdq", "models", "reports"], repo)
+
+
+def test_knowledge_source_trains_on_facts_and_scores_held_out_phrasings(repo):
+    set_param(repo, "finetune", "source", "knowledge")
+    ran = ran_stages(run(["dvc", "repro", f"evaluate_sft@{RUN}"], repo))
+    assert ran == {"finetune_sft@0.001", f"evaluate_sft@{RUN}"}
+    samples = pd.read_parquet(repo / f"reports/samples/sft_lr0.001_ep2.parquet")
+    new = samples[samples.task == "new"]
+    held = pd.read_parquet(repo / "data/knowledge/heldout.parquet")
+    assert sorted(new.problem_id) == sorted(held.problem_id) and (new["sample"] == 0).all()  # greedy, one each
+    trained = pd.read_parquet(repo / "data/offpolicy/knowledge.parquet")
+    assert not set(held.question) & set(trained.question)
+    run(["git", "checkout", "--", "."], repo)
+    run(["git", "clean", "-fdq", "models", "reports"], repo)
+    run(["dvc", "checkout", "--force"], repo)           # outputs back to what dvc.lock records
 
 
 def test_dvc_exp_run_and_show(repo):

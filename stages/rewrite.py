@@ -1,0 +1,50 @@
+"""rewrite: one SynthSelf candidate (or the student itself) greedily rewrites every gold solution.
+
+python -m stages.rewrite --name <key of synthself.aligners, or student>
+-> reports/synthself/rewrites/<name>.parquet: every rewrite, its extracted answer, whether it kept the gold answer,
+   and its mean per-token NLL under the student (the post model, prompted with the plain question).
+"""
+from __future__ import annotations
+
+import argparse
+
+from graft.atomic import write_parquet
+from graft.chat import render_prompt
+from graft.cli import run_stage
+from graft.generation import SamplingSpec, open_generator
+from graft.likelihood import mean_token_nll
+from graft.modeling import load_model, load_tokenizer
+from graft.offpolicy import accept_rewrites
+from graft.schema import load_params
+from graft.tables import read_table
+from graft.tasks import rewrite_question
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--name", required=True)
+    name = ap.parse_args().name
+    p, gen, chat, models = load_params("synthself", "generation", "chat", "models")
+    if name != "student" and name not in p.aligners:
+        raise ValueError(f"--name {name} is not a key of params.yaml synthself.aligners {sorted(p.aligners)}")
+    model_dir = models.post if name == "student" else p.aligners[name]
+    train = read_table("data/mined/train.parquet", "hard_pool")
+    prompts = [render_prompt(rewrite_question(q, s), chat.thinking) for q, s in zip(train["question"], train["solution"])]
+    generator = open_generator(model_dir, gen, models.trust_remote_code)
+    outs = generator.generate(prompts, SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=p.max_new_tokens,
+                                                    seed=0))
+    generator.close()
+    table = accept_rewrites(train, [o[0].text for o in outs], chat.thinking)
+    student = load_model(models.post, "float32", models.trust_remote_code)
+    tok = load_tokenizer(models.post, models.trust_remote_code)
+    pairs = [(tok(render_prompt(q, chat.thinking), add_special_tokens=False)["input_ids"], list(o[0].token_ids))
+             for q, o in zip(train["question"], outs)]
+    table["student_nll"] = mean_token_nll(student, pairs, tok.pad_token_id)
+    table["candidate"] = name
+    write_parquet(f"reports/synthself/rewrites/{name}.parquet", table)
+    print(f"rewrite {name}: {int(table.accepted.sum())}/{len(table)} kept the gold answer, "
+          f"student NLL {table.student_nll.mean():.3f}/token")
+
+
+if __name__ == "__main__":
+    run_stage(main)
