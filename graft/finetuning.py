@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from graft.atomic import atomic_dir
-from graft.training import IGNORE, OptimConfig, make_optimizer
+from graft.training import IGNORE, OptimConfig, collate, make_optimizer
 
 
 @dataclass(frozen=True)
@@ -108,18 +108,6 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, kind: str = "sft"
     else:
         raise ValueError(f"unknown loss {kind!r}; expected sft or dft")
     return (per_tok * keep).sum()
-
-
-def collate(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    width = max(len(r[0]) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (x, y) in enumerate(rows):
-        ids[i, : len(x)] = torch.tensor(x)
-        labels[i, : len(y)] = torch.tensor(y)
-        attn[i, : len(x)] = 1
-    return {"input_ids": ids, "labels": labels, "attention_mask": attn}
 
 
 class SupervisedObjective:
