@@ -142,11 +142,12 @@ def _save_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, 
     """Weights, AdamW moments and step counters as safetensors + JSON (never a pickle), written atomically."""
     tensors: dict[str, torch.Tensor] = {f"model.{k}": v.detach().contiguous().cpu()
                                         for k, v in model.state_dict().items()}
-    meta: dict = {"step": step, "sched": sched.state_dict(), "curve": log.curve, "timing": log.timing, "opt": {}}
-    for i, st in enumerate(opt.state_dict()["state"].values()):
+    opt_sd = opt.state_dict()
+    for idx, st in opt_sd["state"].items():  # keyed by parameter index: a parameter without state keeps its slot
         for key, val in st.items():
-            tensors[f"opt.{i}.{key}"] = val.detach().contiguous().cpu()
-    meta["opt"] = {"n": len(opt.state_dict()["state"]), "param_groups": opt.state_dict()["param_groups"]}
+            tensors[f"opt.{idx}.{key}"] = val.detach().contiguous().cpu()
+    meta = {"step": step, "sched": sched.state_dict(), "curve": log.curve, "timing": log.timing,
+            "opt": {"params": sorted(opt_sd["state"]), "param_groups": opt_sd["param_groups"]}}
     with atomic_dir(path) as tmp:
         save_file(tensors, str(tmp / "state.safetensors"))
         (tmp / "state.json").write_text(json.dumps(meta))
@@ -157,9 +158,9 @@ def _load_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, 
     meta = json.loads((path / "state.json").read_text())
     model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
     state = {}
-    for i in range(meta["opt"]["n"]):
-        prefix = f"opt.{i}."
-        state[i] = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    for idx in meta["opt"]["params"]:
+        prefix = f"opt.{idx}."
+        state[idx] = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     opt.load_state_dict({"state": state, "param_groups": meta["opt"]["param_groups"]})
     sched.load_state_dict(meta["sched"])
     return meta["step"], meta
@@ -191,7 +192,7 @@ def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: T
     step = 0
     bar = tqdm(total=total, initial=start, desc=desc, mininterval=2.0, disable=not dist_info.main)
     for epoch, batches in enumerate(plan, start=1):
-        for batch in batches:
+        for i, batch in enumerate(batches):
             if step < start:
                 step += 1
                 continue
@@ -229,7 +230,7 @@ def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: T
             log.timing.append({"step": step, "sample_s": sample_s, "update_s": elapsed - sample_s})
             bar.update(1)
             bar.set_postfix(loss=f"{float(total_loss):.3f}", epoch=epoch, refresh=False)
-            epoch_done = step == sum(len(e) for e in plan[:epoch])
+            epoch_done = i == len(batches) - 1
             if epoch_done:
                 model.eval()
                 if dist_info.main:
