@@ -21,6 +21,7 @@ import torch
 
 from graft.chat import render_prompt
 from graft.generation import HFGenerator, SamplingSpec, request_seed
+from graft.likelihood import response_logits
 
 
 def generalized_jsd(t_logp: torch.Tensor, s_logp: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -58,21 +59,6 @@ class OPSDExample:
     question: str
     think: str
     answer: str
-
-
-def _response_logits(model: torch.nn.Module, prompts: Sequence[list[int]], responses: Sequence[list[int]],
-                     pad_id: int) -> list[torch.Tensor]:
-    """For each (prompt, response): the logits that predict each response token (one row per response token)."""
-    seqs = [p + r for p, r in zip(prompts, responses)]
-    width = max(len(s) for s in seqs)
-    device = next(model.parameters()).device
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        attn[i, : len(s)] = 1
-    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits
-    return [logits[i, len(p) - 1: len(p) - 1 + len(r)] for i, (p, r) in enumerate(zip(prompts, responses))]
 
 
 class OPSDObjective:
@@ -117,9 +103,9 @@ class OPSDObjective:
         responses = self.sample(raw, indices, step)
         sample_s = time.perf_counter() - t0
         with torch.no_grad():
-            t_logits = _response_logits(self.teacher, [self.teacher_prompts[i] for i in indices], responses,
+            t_logits = response_logits(self.teacher, [self.teacher_prompts[i] for i in indices], responses,
                                         self.tokenizer.pad_token_id)
-        s_logits = _response_logits(model, [self.student_prompts[i] for i in indices], responses,
+        s_logits = response_logits(model, [self.student_prompts[i] for i in indices], responses,
                                     self.tokenizer.pad_token_id)
         total = sum(topk_divergence(t, s, self.alpha, self.top_k).sum() for t, s in zip(t_logits, s_logits))
         return total, sample_s
