@@ -18,10 +18,10 @@ import os
 import random
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -169,11 +169,12 @@ def _load_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, 
 def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: TrainSpec, *,
           on_epoch_end: Callable[[int, torch.nn.Module], None], workdir: Path | None = None,
           dist_info: DistInfo = DistInfo(), desc: str = "finetune",
-          stop_after: int | None = None) -> TrainLog:
+          stop_after: int | None = None, on_step: Callable[[dict], None] | None = None) -> TrainLog:
     """Train ``model`` in place for ``spec.epochs`` epochs, calling ``on_epoch_end(epoch, model)`` after each.
 
     ``workdir`` holds the resume checkpoint: a run that finds one there continues from it. ``stop_after`` ends the
-    run after that many optimiser steps (tests use it to interrupt a run the way a kill would)."""
+    run after that many optimiser steps (tests use it to interrupt a run the way a kill would). ``on_step`` gets each
+    step's curve record on the main process (the resumed part of the curve first)."""
     plan = epoch_plan(n_examples, spec.global_batch, spec.epochs, spec.seed)
     total = sum(len(e) for e in plan)
     torch.manual_seed(spec.seed)
@@ -189,6 +190,9 @@ def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: T
     if state_dir is not None and (state_dir / "state.json").exists():
         start, meta = _load_state(state_dir, model, opt, sched)
         log = TrainLog(curve=meta["curve"], timing=meta["timing"], resumed_from=start)
+    if on_step is not None and dist_info.main:
+        for rec in log.curve:
+            on_step(rec)
     step = 0
     bar = tqdm(total=total, initial=start, desc=desc, mininterval=2.0, disable=not dist_info.main)
     for epoch, batches in enumerate(plan, start=1):
@@ -226,6 +230,8 @@ def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: T
             sched.step()
             step += 1
             log.curve.append({"step": step, "epoch": epoch, "loss": float(total_loss), "lr": sched.get_last_lr()[0]})
+            if on_step is not None and dist_info.main:
+                on_step(log.curve[-1])
             elapsed = time.perf_counter() - t0
             log.timing.append({"step": step, "sample_s": sample_s, "update_s": elapsed - sample_s})
             bar.update(1)
@@ -299,11 +305,32 @@ def relaunch_under_torchrun(num_processes: int, module: str, argv: Sequence[str]
     return True
 
 
+@contextmanager
+def live_curve(path: Path | None) -> Iterator[Callable[[dict], None] | None]:
+    """A dvclive logger of curve records. Only values and step numbers are written (no timestamps), so a rerun
+    writes the same files; a resumed run replays the saved part of the curve first."""
+    if path is None:
+        yield None
+        return
+    from dvclive import Live
+
+    shutil.rmtree(path, ignore_errors=True)  # a killed run's partial log: rewritten from the resumed curve
+    with Live(str(path), dvcyaml=None, save_dvc_exp=False, report=None) as live:
+        def log(rec: dict) -> None:
+            live.step = rec["step"]
+            live.log_metric("train/loss", rec["loss"])
+            live.log_metric("train/lr", rec["lr"])
+            live.make_summary()
+
+        yield log
+
+
 def train_to_snapshots(model: torch.nn.Module, tokenizer, objective: Objective, n_examples: int, spec: TrainSpec, *,
                        out: Path, inputs: Sequence[str | Path], settings: dict, dist_info: DistInfo,
-                       desc: str, work_root: Path = Path(".graft/work")) -> TrainLog:
+                       desc: str, work_root: Path = Path(".graft/work"), live_dir: Path | None = None) -> TrainLog:
     """Train with a resumable work directory keyed by the inputs and settings; write ``out/epoch<e>/`` (complete HF
-    model directories) atomically when the last epoch is done."""
+    model directories) atomically when the last epoch is done. ``live_dir`` gets dvclive logs of the loss and
+    learning rate per step, written as training runs (``dvc plots show``, ``dvc exp show``)."""
     from graft.modeling import save_model_dir
 
     key = fingerprint(inputs, {**settings, "world": dist_info.world})
@@ -313,8 +340,9 @@ def train_to_snapshots(model: torch.nn.Module, tokenizer, objective: Objective, 
         with atomic_dir(workdir / f"epoch{epoch}") as tmp:
             save_model_dir(m, tokenizer, tmp)
 
-    log = train(model, objective, n_examples, spec, on_epoch_end=save_epoch, workdir=workdir, dist_info=dist_info,
-                desc=desc)
+    with live_curve(live_dir if dist_info.main else None) as on_step:
+        log = train(model, objective, n_examples, spec, on_epoch_end=save_epoch, workdir=workdir,
+                    dist_info=dist_info, desc=desc, on_step=on_step)
     if dist_info.main:
         if log.resumed_from:
             print(f"{desc}: resumed from a checkpoint at step {log.resumed_from}")

@@ -34,6 +34,7 @@ class Completion:
 
 class Generator(Protocol):
     def generate(self, prompts: Sequence[str], spec: SamplingSpec) -> list[list[Completion]]: ...
+    def load_point(self, model: str | Path, delta: str | Path | None, lam: float | None) -> None: ...
     def close(self) -> None: ...
 
 
@@ -131,8 +132,35 @@ class HFGenerator:
                 out[i].append(Completion(self.tokenizer.decode(body, skip_special_tokens=False), tuple(t)))
         return out
 
+    @torch.no_grad()
+    def load_point(self, model: str | Path, delta: str | Path | None = None, lam: float | None = None) -> None:
+        """Overwrite the weights in place with ``model + lam * delta`` (same architecture as the loaded model)."""
+        from graft.points import point_tensors
+
+        params = dict(self.model.named_parameters())
+        seen = set()
+        for name, t in point_tensors(model, delta, lam):
+            if name not in params:
+                raise KeyError(f"{model}: tensor {name} is not a parameter of the loaded model")
+            params[name].copy_(t.to(params[name].device, params[name].dtype))
+            seen.add(params[name].data_ptr())
+        missing = [n for n, q in params.items() if q.data_ptr() not in seen]  # tied weights share storage
+        if missing:
+            raise KeyError(f"{model}: no tensor for parameter {missing[0]}")
+
     def close(self) -> None:
         self.model = None
+
+
+class PointLoader:
+    """vLLM worker extension: each worker streams a point's weights into its running model (``reload_weights``
+    re-runs the backend's post-load processing, e.g. the CPU weight repacking), so one engine serves a sweep.
+    With tensor parallelism every worker reads the full tensors and keeps its shard."""
+
+    def graft_load_point(self, model: str, delta: str | None, lam: float | None) -> None:
+        from graft.points import point_tensors
+
+        self.reload_weights(weights_iterator=point_tensors(model, delta, lam))
 
 
 class VLLMGenerator:
@@ -148,7 +176,7 @@ class VLLMGenerator:
         self.stop_id = self.tokenizer.convert_tokens_to_ids(IM_END)
         self.llm = LLM(model=str(model_dir), dtype=dtype, seed=0, max_model_len=max_model_len,
                        gpu_memory_utilization=memory_fraction, enforce_eager=enforce_eager,
-                       trust_remote_code=trust_remote_code)
+                       trust_remote_code=trust_remote_code, worker_extension_cls="graft.generation.PointLoader")
 
     def generate(self, prompts: Sequence[str], spec: SamplingSpec) -> list[list[Completion]]:
         from vllm import SamplingParams
@@ -164,6 +192,12 @@ class VLLMGenerator:
                 spaces_between_special_tokens=False))
         outs = self.llm.generate(reqs, params, use_tqdm=True)
         return [[Completion(o.text.removesuffix(IM_END), tuple(o.token_ids)) for o in r.outputs] for r in outs]
+
+    def load_point(self, model: str | Path, delta: str | Path | None = None, lam: float | None = None) -> None:
+        """Write ``model + lam * delta`` into the running engine; cached prefixes of the old weights are dropped."""
+        self.llm.collective_rpc("graft_load_point", args=(str(Path(model).resolve()),
+                                                          str(Path(delta).resolve()) if delta else None, lam))
+        self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         # Stop the engine's worker processes now rather than at interpreter exit.

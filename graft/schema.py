@@ -97,6 +97,11 @@ SCHEMA: dict[str, dict] = {
         "masks": Field(list, lambda v: len(v) > 0 and all(m in MASKS for m in v),
                        f"a non-empty list of {', '.join(MASKS)}", item=Field(STR)),
     },
+    # base + t * (post - base) at each t: accuracy along the post-training path (is the world smooth there?)
+    "diagnostics": {"interpolation": Field(list, lambda v: len(set(v)) == len(v), "without repeats",
+                                           item=Field(NUM, lambda x: 0 <= x < 1, "in [0, 1)"))},
+    # name -> {delta, lam}: models.post + lam * delta written out as models/exported/<name>
+    "export": {"points": Field(dict, item={"delta": Field(STR), "lam": Field(NUM, positive, "> 0")})},
     "evaluate": {
         "n_samples": POS_INT,
         "temperature": POS_NUM,

@@ -15,17 +15,3 @@ def require(value, allowed, key: str, flag: str) -> None:
     if value not in allowed:
         raise ParamsError(f"{flag} {value} is not in params.yaml {key} {list(allowed)}")
 
-
-def point_names(p: dict) -> list[str]:
-    """Every point the current params declare, in report order."""
-    sweep, ft, opsd = p["sweep"], p["finetune"], p["opsd"]
-    runs = [run_tag(lr, ep) for lr in ft.lrs for ep in sweep.epochs]
-    names = ["post"]
-    names += [f"sft_{r}" for r in runs]
-    names += [f"sft_merge_lam{lam}_{r}" for lam in sweep.lams for r in runs]
-    names += [f"fisher_merge_lam{lam}_{r}" for lam in sweep.fisher_merge_lams for r in runs]
-    names += [f"graft_lam{lam}_{r}" for lam in sweep.lams for r in runs]
-    names += [f"graft_{kind}_lam{lam}_rho{rho}_{r}" for kind in sweep.masks for lam in sweep.lams
-              for rho in sweep.rhos for r in runs]
-    names += [f"opsd_alpha{a}_{r}" for a in opsd.alphas for r in runs]
-    return names

@@ -2,6 +2,8 @@
 
 python -m stages.delta --kind graft --lr L --epoch E  ->  tensors/delta/graft_lr<L>_ep<E>/  (donor_ft - donor)
 python -m stages.delta --kind sft --lr L --epoch E    ->  tensors/delta/sft_lr<L>_ep<E>/    (sft - post)
+python -m stages.delta --kind post                   ->  tensors/delta/post_vs_base/        (post - base: what
+    post-training changed; the diagnostics evaluate base + t * (post - base) and compare the deltas with it)
 """
 from __future__ import annotations
 
@@ -17,12 +19,19 @@ from graft.tensors import check_compatible
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", choices=["graft", "sft"], required=True)
-    ap.add_argument("--lr", type=float, required=True)
-    ap.add_argument("--epoch", type=int, required=True)
+    ap.add_argument("--kind", choices=["graft", "sft", "post"], required=True)
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--epoch", type=int)
     args = ap.parse_args()
     p = load_all()
     ft, models = p["finetune"], p["models"]
+    if args.kind == "post":
+        with atomic_dir("tensors/delta/post_vs_base") as tmp:
+            norms = write_delta(models.post, models.base, tmp)
+        print(f"delta post_vs_base: {len(norms)} tensors, norm {sum(norms.values()) ** 0.5:.4f}")
+        return
+    if args.lr is None or args.epoch is None:
+        raise ValueError(f"--kind {args.kind} needs --lr and --epoch")
     require(args.lr, ft.lrs, "finetune.lrs", "--lr")
     require(args.epoch, p["sweep"].epochs, "sweep.epochs", "--epoch")
     tag = run_tag(args.lr, args.epoch)

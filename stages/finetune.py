@@ -52,7 +52,8 @@ def main() -> None:
         spec_from_params(p, args.lr), out=Path(f"models/finetuned/{name}"), inputs=[src, data_path],
         settings={"stage": "finetune", "target": args.target, "lr": args.lr,
                   "finetune": {k: v for k, v in p.items() if k != "lrs"},
-                  "thinking": chat.thinking}, dist_info=info, desc=f"finetune {name}")
+                  "thinking": chat.thinking}, dist_info=info, desc=f"finetune {name}",
+        live_dir=Path(f"reports/finetune/live/{name}"))
     if info.main:
         write_json(f"reports/finetune/{name}.json", log.curve)  # a list of records: what `dvc plots` reads
         write_parquet(f"reports/timing/finetune_{name}.parquet", pd.DataFrame(log.timing).assign(method="graft" if args.target == "donor" else "sft"))

@@ -53,7 +53,8 @@ def main() -> None:
         settings={"stage": "opsd", "alpha": args.alpha, "lr": args.lr,
                   "finetune": {k: v for k, v in p.items() if k != "lrs"},
                   "opsd": {k: v for k, v in o.items() if k != "alphas"},
-                  "top_p": gen.top_p, "thinking": chat.thinking}, dist_info=info, desc=f"opsd {name}")
+                  "top_p": gen.top_p, "thinking": chat.thinking}, dist_info=info, desc=f"opsd {name}",
+        live_dir=Path(f"reports/opsd/live/{name}"))
     if info.main:
         write_json(f"reports/opsd/{name}.json", log.curve)
         timing = pd.DataFrame(log.timing).assign(method="opsd")

@@ -17,30 +17,66 @@ from graft.cli import run_stage
 from graft.atomic import atomic_file, write_json, write_parquet  # noqa: E402
 from graft.pareto import non_dominated  # noqa: E402
 from graft.schema import load_all  # noqa: E402
-from graft.sweep import point_names  # noqa: E402
+from graft.points import DIAGNOSTIC, sweep_points  # noqa: E402
 
 METHOD_ORDER = ["post", "sft", "sft_merge", "fisher_merge", "opsd", "graft", "graft_diagonal", "graft_kfac",
                 "graft_random"]
 
 
 def load_points(names: list[str], folder: Path) -> pd.DataFrame:
+    """One row per point: its coordinates in the grid, the new task, each old suite, the old mean, pass@k."""
     rows = []
     for name in names:
         path = folder / f"{name}.json"
         if not path.exists():
-            raise FileNotFoundError(f"report: point {name} has no {path}; run its evaluate stage")
+            raise FileNotFoundError(f"report: point {name} has no {path}; run the evaluate stage")
         d = json.loads(path.read_text())
-        method = d["method"]
-        row = {"name": name, "method": method, "lr": d.get("lr"), "epoch": d.get("epoch"), "lam": d.get("lam"),
-               "rho": d.get("rho"), "alpha": d.get("alpha"), "new_task": d["new_task"], "old_task": d["old_task"]}
+        row = {k: d.get(k) for k in ("name", "method", "donor", "lr", "epoch", "lam", "rho", "mask", "alpha")}
+        row.update(new_task=d["new_task"], old_task=d["old_task"], generated_tokens=d.get("generated_tokens"))
         for key, val in d.items():
             if key.startswith("old:") or key == "new":
                 for metric, v in val.items():
                     row[f"{key}/{metric}"] = v
         rows.append(row)
     df = pd.DataFrame(rows)
-    df["frontier"] = non_dominated(list(zip(df.new_task, df.old_task)))
+    df["frontier"] = False  # globally non-dominated among the methods (interpolation diagnostics excluded)
+    methods = df.method != DIAGNOSTIC
+    df.loc[methods, "frontier"] = non_dominated(list(zip(df.new_task[methods], df.old_task[methods])))
+    df["method_frontier"] = False  # non-dominated among the points of its own method
+    for _, idx in df.groupby("method").groups.items():
+        sub = df.loc[idx]
+        df.loc[idx, "method_frontier"] = non_dominated(list(zip(sub.new_task, sub.old_task)))
     return df
+
+
+def plot_paths(df: pd.DataFrame, path: Path) -> None:
+    """Accuracy along base -> post (t) and along post -> post + lam * delta for the graft and SFT deltas of each
+    finetune snapshot: smooth curves mean the world is in the regime where weight arithmetic is meaningful."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=120, sharey=True)
+    post = df[df.method == "post"].iloc[0]
+    base_path = df[df.method == DIAGNOSTIC].sort_values("lam")
+    ts = list(base_path.lam) + [1.0]
+    for col, style in (("old_task", "-o"), ("new_task", "--s")):
+        axes[0].plot(ts, list(base_path[col]) + [post[col]], style, label=col.replace("_", " "))
+    axes[0].set_xlabel("t in base + t (post - base)")
+    axes[0].set_ylabel("pass@1")
+    axes[0].set_title("post-training path")
+    for method in ("graft", "sft_merge"):
+        for (lr, ep), sub in df[df.method == method].groupby(["lr", "epoch"]):
+            sub = sub.sort_values("lam")
+            lams = [0.0] + list(sub.lam)
+            for col, style in (("old_task", "-o"), ("new_task", "--s")):
+                axes[1].plot(lams, [post[col]] + list(sub[col]), style,
+                             label=f"{method} lr{lr:g} ep{ep:g}: {col.replace('_', ' ')}")
+    axes[1].set_xlabel("lam in post + lam * delta (unmasked)")
+    axes[1].set_title("update paths")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
 
 
 def plot(df: pd.DataFrame, path: Path) -> None:
@@ -70,12 +106,16 @@ def plot(df: pd.DataFrame, path: Path) -> None:
 
 
 def main() -> None:
-    df = load_points(point_names(load_all()), Path("reports/points"))
+    df = load_points([pt.name for pt in sweep_points(load_all())], Path("reports/points"))
     write_parquet("reports/points.parquet", df)
-    plot(df, Path("reports/pareto.png"))
-    write_json("reports/pareto.json", {"points": [
+    plot(df[df.method != DIAGNOSTIC], Path("reports/pareto.png"))
+    if (df.method == DIAGNOSTIC).any():
+        plot_paths(df, Path("reports/diagnostics/interpolation.png"))
+    # DVC plot data for .dvc/plots/pareto.json (Vega-Lite): one record per point
+    write_json("reports/pareto.json", [
         {"method": r.method, "name": r.name, "new_task": r.new_task, "old_task": r.old_task,
-         "frontier": bool(r.frontier)} for r in df.itertuples()]})
+         "frontier": bool(r.frontier), "method_frontier": bool(r.method_frontier)} for r in df.itertuples()
+        if r.method != DIAGNOSTIC])
     write_json("reports/metrics.json", {r.name: {"new_task": round(r.new_task, 6), "old_task": round(r.old_task, 6)}
                                         for r in df.itertuples()})
     print(df[["name", "new_task", "old_task", "frontier"]].to_string(index=False))

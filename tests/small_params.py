@@ -31,6 +31,7 @@ SMALL_OVERRIDES = {
     "fisher": {"n_rollouts": 6, "max_new_tokens": 16, "chunk": 3},
     "sweep": {"lams": [0.5, 1.0], "rhos": [0.1], "masks": ["diagonal", "kfac", "random"], "fisher_merge_lams": [0.5],
               "epochs": [2]},
+    "diagnostics": {"interpolation": [0.5]},
     "evaluate": {"n_samples": 2, "pass_k": [1, 2], "max_new_tokens": 24},
 }
 
@@ -42,5 +43,11 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+# replaces the default's export points (a mapping would otherwise be merged key by key)
+SMALL_EXPORT = {"graft_kfac_lam0.5_rho0.1_lr0.001_ep2": {"delta": "tensors/masked/kfac_rho0.1_lr0.001_ep2", "lam": 0.5}}
+
+
 def small_params(default_params_text: str) -> str:
-    return yaml.safe_dump(_merge(yaml.safe_load(default_params_text), SMALL_OVERRIDES), sort_keys=False)
+    out = _merge(yaml.safe_load(default_params_text), SMALL_OVERRIDES)
+    out["export"]["points"] = SMALL_EXPORT
+    return yaml.safe_dump(out, sort_keys=False)

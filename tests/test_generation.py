@@ -1,9 +1,46 @@
 import pytest
+import torch
 
 from graft.chat import render_prompt
 from graft.generation import HFGenerator, SamplingSpec
+from graft.merging import merge_into_dir, write_delta
+from graft.modeling import new_model, qwen3_config, save_model_dir
 
 PROMPTS = [render_prompt(q, True) for q in ("12+7=?", "reverse 1234", "300-7=?")]
+SAMPLED = SamplingSpec(n=2, temperature=1.0, top_p=1.0, max_new_tokens=12, seed=3)
+
+
+def ids(out):
+    return [[c.token_ids for c in r] for r in out]
+
+
+@pytest.fixture(scope="module")
+def point_dirs(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
+    """A delta between two random tiny models, and post + 0.7 * delta written out as a model directory."""
+    from tests.conftest import TINY_SHAPE
+
+    root = tmp_path_factory.mktemp("point")
+    other = new_model(qwen3_config(tiny_tokenizer, TINY_SHAPE, 128), seed=1)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(20.0)
+    save_model_dir(other, tiny_tokenizer, root / "other")
+    write_delta(root / "other", tiny_model_dir, root / "delta")
+    (root / "merged").mkdir()
+    merge_into_dir(tiny_model_dir, root / "delta", 0.7, root / "merged")
+    return root / "delta", root / "merged"
+
+
+def test_hf_point_loaded_in_place_equals_the_merged_directory(tiny_model_dir, point_dirs):
+    delta, merged = point_dirs
+    gen = HFGenerator(tiny_model_dir, batch_size=8)
+    before = gen.generate(PROMPTS, SAMPLED)
+    gen.load_point(tiny_model_dir, delta, 0.7)
+    shared = gen.generate(PROMPTS, SAMPLED)
+    fresh = HFGenerator(merged, batch_size=8)
+    assert all(torch.equal(a, b) for a, b in zip(gen.model.state_dict().values(), fresh.model.state_dict().values()))
+    assert ids(shared) == ids(fresh.generate(PROMPTS, SAMPLED)) and ids(shared) != ids(before)
+    gen.load_point(tiny_model_dir)  # back to the engine's own weights: the first samples again
+    assert ids(gen.generate(PROMPTS, SAMPLED)) == ids(before)
 
 
 def test_hf_seeded_rerun_reproduces_samples(tiny_model_dir):
@@ -44,10 +81,35 @@ def test_vllm_and_hf_agree_on_greedy(tiny_model_dir):
     hf = HFGenerator(tiny_model_dir).generate(PROMPTS, spec)
     v = VLLMGenerator(tiny_model_dir, max_model_len=128)
     got = v.generate(PROMPTS, spec)
-    s = SamplingSpec(n=2, temperature=1.0, top_p=1.0, max_new_tokens=12, seed=3)
     try:
-        assert [[c.token_ids for c in r] for r in got] == [[c.token_ids for c in r] for r in hf]
+        assert ids(got) == ids(hf)
         # per-request seeds: a rerun gives the same samples
-        assert v.generate(PROMPTS, s) == v.generate(PROMPTS, s)
+        assert v.generate(PROMPTS, SAMPLED) == v.generate(PROMPTS, SAMPLED)
     finally:
         v.close()
+
+
+@pytest.mark.vllm
+def test_vllm_shared_engine_equals_a_fresh_engine_per_point(tiny_model_dir, point_dirs):
+    """The sweep's shared engine: a point written into the running engine samples exactly what an engine started
+    on that point's merged directory samples; loading the post weights back restores the post model's samples."""
+    pytest.importorskip("vllm")
+    from graft.generation import VLLMGenerator
+
+    delta, merged = point_dirs
+    v = VLLMGenerator(tiny_model_dir, max_model_len=128)
+    try:
+        before = v.generate(PROMPTS, SAMPLED)
+        v.load_point(tiny_model_dir, delta, 0.7)
+        shared = v.generate(PROMPTS, SAMPLED)
+        v.load_point(tiny_model_dir)
+        back = v.generate(PROMPTS, SAMPLED)
+    finally:
+        v.close()
+    fresh = VLLMGenerator(merged, max_model_len=128)
+    try:
+        alone = fresh.generate(PROMPTS, SAMPLED)
+    finally:
+        fresh.close()
+    assert ids(shared) == ids(alone) and ids(shared) != ids(before)
+    assert ids(back) == ids(before)

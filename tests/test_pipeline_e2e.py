@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from tests.conftest import REPO
@@ -61,13 +62,16 @@ def repo(tmp_path_factory) -> Path:
 
 
 RUN = "0.001-2"   # the small profile's one finetune snapshot: lr 0.001, epoch 2
+EXPORTED = "graft_kfac_lam0.5_rho0.1_lr0.001_ep2"   # the small profile's export.points
 
 
 def test_full_dag_runs_and_writes_the_report(repo):
     log = run(["dvc", "repro"], repo)
     assert {"world", "mine", "teacher", "star", "rewrite@aligner", "rewrite@base", "rewrite_student", "synthself",
             "knowledge", "sources", "finetune_donor@0.001", "finetune_sft@0.001", "opsd@0.5-0.001",
-            "fisher_retention", f"fisher_new@{RUN}", f"fisher_share@{RUN}", "report"} <= ran_stages(log)
+            "fisher_retention", f"fisher_new@{RUN}", f"fisher_share@{RUN}", "evaluate", f"export@{EXPORTED}",
+            "delta_post", "diagnostics", "report"} <= ran_stages(log)
+    assert "evaluate: 15 of 15 points to score" in log
     sources = pd.read_parquet(repo / "reports/offpolicy_sources.parquet")
     assert list(sources.source) == ["teacher", "synthself", "star", "knowledge"]
     assert sources.rate.between(0, 1).all() and (sources.rows >= 0).all()
@@ -75,8 +79,12 @@ def test_full_dag_runs_and_writes_the_report(repo):
     assert set(aligners.name) == {"aligner", "base"} and aligners.chosen.sum() <= 1
     points = pd.read_parquet(repo / "reports/points.parquet")
     assert set(points.method) == {"post", "sft", "sft_merge", "fisher_merge", "opsd", "graft", "graft_diagonal",
-                                  "graft_kfac", "graft_random"}
-    assert len(points) == 1 + 1 + 2 + 1 + 1 + 2 + 3 * 2
+                                  "graft_kfac", "graft_random", "base_to_post"}
+    assert len(points) == 1 + 1 + 2 + 1 + 1 + 2 + 3 * 2 + 1
+    assert not points[points.method == "base_to_post"].frontier.any()  # a diagnostic, not a method
+    assert (repo / "reports/diagnostics/interpolation.png").stat().st_size > 1000
+    summary = json.loads((repo / "reports/diagnostics/summary.json").read_text())
+    assert 0 < summary["post_vs_base_relative_change"] < 10 and -1 <= summary["lr0.001_ep2/cos_graft_sft"] <= 1
     assert set(points.lr.dropna()) == {0.001} and set(points.epoch.dropna()) == {2}
     assert sorted((repo / "models/finetuned/donor_lr0.001").iterdir()) == [
         repo / "models/finetuned/donor_lr0.001/epoch1", repo / "models/finetuned/donor_lr0.001/epoch2"]
@@ -93,6 +101,22 @@ def test_full_dag_runs_and_writes_the_report(repo):
     curve = json.loads((repo / "reports/opsd/alpha0.5_lr0.001.json").read_text())
     assert (timing.sample_s > 0).all() and len(timing) == len(curve) and curve[-1]["epoch"] == 2
     assert not (repo / ".graft/work").exists() or not any((repo / ".graft/work").iterdir())  # work dirs cleaned
+    assert {"donor", "mask", "rho", "lam", "old:add/pass@1", "old:reverse/pass@1", "new/pass@2"} <= set(points.columns)
+    assert set(points[points.method.str.startswith("graft")].donor) == {"models/world/base"}
+    ev = pd.read_parquet(repo / "reports/timing/evaluate.parquet")
+    assert set(ev.name) == set(points.name) and (ev.generated_tokens > 0).all()
+    live = pd.read_csv(repo / "reports/finetune/live/donor_lr0.001/plots/metrics/train/loss.tsv", sep="\t")
+    donor_curve = json.loads((repo / "reports/finetune/donor_lr0.001.json").read_text())
+    assert list(live.step) == [r["step"] for r in donor_curve] and list(live.loss) == [r["loss"] for r in donor_curve]
+    # the exported point is a model directory transformers loads, with the weights the evaluation scored
+    from transformers import AutoModelForCausalLM
+
+    from graft.points import point_tensors
+
+    model = AutoModelForCausalLM.from_pretrained(repo / "models/exported" / EXPORTED)
+    params = dict(model.named_parameters())
+    for name, t in point_tensors(repo / "models/world/post", repo / "tensors/masked/kfac_rho0.1_lr0.001_ep2", 0.5):
+        assert torch.equal(params[name].detach(), t), name
     run(["git", "add", "-A"], repo)
     run(["git", "commit", "-qm", "first run"], repo)
 
@@ -101,14 +125,15 @@ def test_nothing_changed_nothing_runs(repo):
     assert ran_stages(run(["dvc", "repro"], repo)) == set()
 
 
-def test_new_lambda_runs_only_merge_evaluate_report(repo):
+def test_new_lambda_evaluates_only_the_new_points(repo):
+    before = {f.name: f.read_bytes() for f in (repo / "reports/points").glob("*lam0.5*.json")}
     set_param(repo, "sweep", "lams", [0.5, 0.75])
-    ran = ran_stages(run(["dvc", "repro"], repo))
-    kinds = ("diagonal", "kfac", "random")
-    assert ran == {f"merge_graft@0.75-{RUN}", f"merge_sft@0.75-{RUN}", f"evaluate_graft@0.75-{RUN}",
-                   f"evaluate_sft_merge@0.75-{RUN}", "report",
-                   *[f"merge_graft_mask@{k}-0.75-0.1-{RUN}" for k in kinds],
-                   *[f"evaluate_graft_mask@{k}-0.75-0.1-{RUN}" for k in kinds]}
+    log = run(["dvc", "repro"], repo)
+    assert ran_stages(log) == {"evaluate", "report"}
+    # graft, SFT+merge and three masks at 0.75 are new; the lam 1.0 points are removed from the results
+    assert "evaluate: 5 of 15 points to score" in log
+    assert not list((repo / "reports/points").glob("*lam1.0*")) and not list((repo / "reports/samples").glob("*lam1.0*"))
+    assert {f.name: f.read_bytes() for f in (repo / "reports/points").glob("*lam0.5*.json")} == before
     points = pd.read_parquet(repo / "reports/points.parquet")
     assert sorted(points.lam.dropna().unique()) == [0.5, 0.75]
 
@@ -120,14 +145,14 @@ def test_new_rho_does_not_refinetune_or_reestimate_fisher(repo):
     assert not ran & {"world", "mine", "teacher", "synthself", "finetune_donor@0.001", "finetune_sft@0.001",
                       "fisher_retention", f"fisher_new@{RUN}", f"delta_graft@{RUN}", f"delta_sft@{RUN}",
                       f"mask@diagonal-0.1-{RUN}", f"fisher_share@{RUN}"}
-    assert all(s.startswith(("mask@", "merge_graft_mask@", "evaluate_graft_mask@", "report")) for s in ran)
+    assert all(s.startswith("mask@") or s in ("evaluate", "report") for s in ran), ran
 
 
 def test_new_epoch_uses_the_existing_snapshots(repo):
     set_param(repo, "sweep", "epochs", [1, 2])
     ran = ran_stages(run(["dvc", "repro"], repo))
-    assert f"delta_graft@0.001-1" in ran and "evaluate_opsd@0.5-0.001-1" in ran and "report" in ran
-    assert all(s == "report" or s.endswith(("@0.001-1", "-0.001-1")) for s in ran), ran  # nothing refinetuned
+    assert f"delta_graft@0.001-1" in ran and "evaluate" in ran and "report" in ran
+    assert all(s in ("evaluate", "diagnostics", "report") or s.endswith(("@0.001-1", "-0.001-1")) for s in ran), ran
     points = pd.read_parquet(repo / "reports/points.parquet")
     assert sorted(points.epoch.dropna().unique()) == [1, 2]
     run(["git", "add", "-A"], repo)
@@ -138,21 +163,22 @@ def test_new_learning_rate_finetunes_only_that_rate(repo):
     set_param(repo, "finetune", "lrs", [0.001, 0.003])
     ran = ran_stages(run(["dvc", "repro", "finetune_donor", "finetune_sft", "opsd"], repo))
     assert ran == {"finetune_donor@0.003", "finetune_sft@0.003", "opsd@0.5-0.003"}
-    run(["git", "checkout", "--", "."], repo)           # back to the committed sweep
+    run(["git", "checkout", "HEAD", "--", "."], repo)  # back to the committed sweep (HEAD: autostage staged dvc.lock)
     run(["git", "clean", "-fdq", "models", "reports"], repo)
 
 
 def test_knowledge_source_trains_on_facts_and_scores_held_out_phrasings(repo):
     set_param(repo, "finetune", "source", "knowledge")
-    ran = ran_stages(run(["dvc", "repro", f"evaluate_sft@{RUN}"], repo))
-    assert ran == {"finetune_sft@0.001", f"evaluate_sft@{RUN}"}
+    ran = ran_stages(run(["dvc", "repro", "evaluate"], repo))
+    assert {"finetune_sft@0.001", "finetune_donor@0.001", "evaluate"} <= ran
+    assert not ran & {"world", "mine", "teacher", "star", "synthself", "knowledge", "fisher_retention"}
     samples = pd.read_parquet(repo / f"reports/samples/sft_lr0.001_ep2.parquet")
     new = samples[samples.task == "new"]
     held = pd.read_parquet(repo / "data/knowledge/heldout.parquet")
     assert sorted(new.problem_id) == sorted(held.problem_id) and (new["sample"] == 0).all()  # greedy, one each
     trained = pd.read_parquet(repo / "data/offpolicy/knowledge.parquet")
     assert not set(held.question) & set(trained.question)
-    run(["git", "checkout", "--", "."], repo)
+    run(["git", "checkout", "HEAD", "--", "."], repo)  # HEAD: autostage put dvc.lock in the index
     run(["git", "clean", "-fdq", "models", "reports"], repo)
     run(["dvc", "checkout", "--force"], repo)           # outputs back to what dvc.lock records
 
@@ -171,9 +197,8 @@ def test_dvc_exp_run_and_show(repo):
 # ---------------------------------------------------------------- faults and determinism, stage by stage
 
 # one stage of each write pattern: resumable training, streamed tensor directories, Fisher files, a merged model
-# directory, an evaluation writing into shared folders (kept to five: each costs three stage runs)
-FAULT_STAGES = ["finetune_donor@0.001", f"delta_graft@{RUN}", "fisher_retention",
-                f"merge_graft_mask@kfac-0.5-0.1-{RUN}", "evaluate_post"]
+# directory, the incremental evaluation (kept to five: each costs three stage runs)
+FAULT_STAGES = ["finetune_donor@0.001", f"delta_graft@{RUN}", "fisher_retention", f"export@{EXPORTED}", "evaluate"]
 
 
 def stage_outs(repo: Path, stage: str) -> dict[str, str]:
@@ -223,12 +248,20 @@ def test_stage_is_deterministic_and_survives_sigkill(repo, stage):
         run(["git", "add", "-A"], repo)
         run(["git", "commit", "-qm", "before faults", "--allow-empty"], repo)
     want = stage_outs(repo, stage)
+
+    def from_scratch() -> None:
+        if stage == "evaluate":   # persistent outputs: without its results every point is scored again
+            for d in ("reports/points", "reports/samples"):
+                shutil.rmtree(repo / d)
+
     # determinism: rerun the stage from scratch; every output is bitwise what the first run wrote
+    from_scratch()
     t0 = time.perf_counter()
     run(["dvc", "repro", "-f", "-s", stage], repo)
     took = time.perf_counter() - t0
     assert stage_outs(repo, stage) == want
     # fault: kill it half-way through its own run time, then a plain repro must finish with the same outputs
+    from_scratch()
     rc = kill_stage_part_way(repo, stage, after=max(0.5, 0.5 * (took - 3.0)))
     assert rc != 0, f"{stage} finished before it could be killed"
     run(["dvc", "repro"], repo)

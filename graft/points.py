@@ -1,0 +1,126 @@
+"""Sweep points as weights: every point is a model directory, optionally plus ``lam`` times a delta directory.
+
+graft (masked or not):  models.post + lam * tensors/{delta,masked}/...
+SFT + merge:            models.post + lam * tensors/delta/sft_...
+post, SFT, OPSD, Fisher merging: a model directory as it is.
+diagnostics:            models.base + t * tensors/delta/post_vs_base (the post-training path)
+
+The evaluation stage loads the post model into one engine and writes each point's weights into it
+(``point_tensors``), so a sweep never writes a merged model per point. ``stages.merge --point`` writes the same
+tensors as a model directory when a user wants one: both go through ``merging.merge_tensor``, so they are bitwise
+equal.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping
+
+import torch
+
+from graft.merging import merge_tensor
+from graft.sweep import run_tag
+from graft.tensors import CheckpointError, TensorReader
+
+
+DIAGNOSTIC = "base_to_post"                  # the method name of interpolation points (not on any frontier)
+POST_DELTA = "tensors/delta/post_vs_base"   # post - base, written by the delta_post stage
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    method: str                  # post | sft | sft_merge | fisher_merge | opsd | graft | graft_<kind> | base_to_post
+    model: str                   # model directory (loaded as it is)
+    delta: str | None = None     # fp32 delta directory added with coefficient lam
+    lam: float | None = None
+    rho: float | None = None
+    mask: str | None = None      # none | diagonal | kfac | random (graft points only)
+    lr: float | None = None
+    epoch: int | None = None
+    alpha: float | None = None   # OPSD divergence
+    donor: str | None = None     # the checkpoint the graft delta was learned on
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def sweep_points(p: Mapping) -> list[Point]:
+    """Every point the current params declare, in report order (names as dvc.yaml spells them)."""
+    sweep, ft, opsd, post = p["sweep"], p["finetune"], p["opsd"], p["models"].post
+    runs = [(lr, ep, run_tag(lr, ep)) for lr in ft.lrs for ep in sweep.epochs]
+    pts = [Point("post", "post", post)]
+    pts += [Point(f"sft_{r}", "sft", f"models/finetuned/sft_lr{lr}/epoch{ep}", lr=lr, epoch=ep)
+            for lr, ep, r in runs]
+    pts += [Point(f"sft_merge_lam{lam}_{r}", "sft_merge", post, f"tensors/delta/sft_{r}", lam, lr=lr, epoch=ep)
+            for lam in sweep.lams for lr, ep, r in runs]
+    pts += [Point(f"fisher_merge_lam{lam}_{r}", "fisher_merge", f"models/merged/fisher_merge_lam{lam}_{r}", lam=lam,
+                  lr=lr, epoch=ep) for lam in sweep.fisher_merge_lams for lr, ep, r in runs]
+    pts += [Point(f"graft_lam{lam}_{r}", "graft", post, f"tensors/delta/graft_{r}", lam, mask="none", lr=lr,
+                  epoch=ep, donor=ft.donor) for lam in sweep.lams for lr, ep, r in runs]
+    pts += [Point(f"graft_{kind}_lam{lam}_rho{rho}_{r}", f"graft_{kind}", post,
+                  f"tensors/masked/{kind}_rho{rho}_{r}", lam, rho, kind, lr, ep, donor=ft.donor)
+            for kind in sweep.masks for lam in sweep.lams for rho in sweep.rhos for lr, ep, r in runs]
+    pts += [Point(f"opsd_alpha{a}_{r}", "opsd", f"models/opsd/alpha{a}_lr{lr}/epoch{ep}", lr=lr, epoch=ep, alpha=a)
+            for a in opsd.alphas for lr, ep, r in runs]
+    # diagnostics, not methods: the post-training path base + t * (post - base) (lam holds t)
+    pts += [Point(f"base_to_post_t{t}", DIAGNOSTIC, p["models"].base, POST_DELTA, t)
+            for t in p["diagnostics"].interpolation]
+    return pts
+
+
+def find_point(points: Iterable[Point], name: str) -> Point:
+    by_name = {pt.name: pt for pt in points}
+    if name not in by_name:
+        raise KeyError(f"point {name} is not in the sweep params.yaml declares (e.g. {sorted(by_name)[:3]})")
+    return by_name[name]
+
+
+def point_tensors(model: str | Path, delta: str | Path | None, lam: float | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stream (name, tensor) of ``model + lam * delta`` one tensor at a time, in the model's dtype."""
+    with TensorReader(model) as m:
+        if delta is None:
+            for name in m.names():
+                yield name, m.get(name)
+            return
+        with TensorReader(delta) as d:
+            if m.names() != d.names():
+                diff = sorted(set(m.names()) ^ set(d.names()))
+                raise CheckpointError(f"{model} and {delta} hold different tensors, e.g. {diff[0]}")
+            for name in m.names():
+                if m.shape(name) != d.shape(name):
+                    raise CheckpointError(f"tensor {name}: {model} shape {m.shape(name)} vs delta {d.shape(name)}")
+                dt = d.get(name)
+                if not torch.isfinite(dt).all():
+                    raise FloatingPointError(f"tensor {name} of {delta}: NaN or Inf")
+                yield name, merge_tensor(m.get(name), dt, None, float(lam))
+
+
+def content_hash(path: str | Path, memo: dict[str, str] | None = None) -> str:
+    """sha256 over a file, or over a directory's files (relative path + bytes, sorted)."""
+    key = str(path)
+    if memo is not None and key in memo:
+        return memo[key]
+    root = Path(path)
+    files = sorted(q for q in root.rglob("*") if q.is_file()) if root.is_dir() else [root]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(root) if root.is_dir() else f.name).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+    out = h.hexdigest()
+    if memo is not None:
+        memo[key] = out
+    return out
+
+
+def point_key(pt: Point, settings_key: str, memo: dict[str, str]) -> str:
+    """What a point's scores depend on: its weights (by content), its coefficient, and the evaluation settings
+    (params, data, code and engine versions, folded into ``settings_key``). Equal keys mean equal results."""
+    weights = {"model": content_hash(pt.model, memo), "delta": content_hash(pt.delta, memo) if pt.delta else None,
+               "lam": pt.lam if pt.delta else None}
+    blob = json.dumps({"weights": weights, "point": pt.as_dict(), "settings": settings_key}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()

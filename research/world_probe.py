@@ -1,0 +1,130 @@
+"""Probe a world design in memory: is post-training a small perturbation, and does a donor delta carry the new task?
+
+    python research/world_probe.py --chat-frac 0.3 --chat-suites all --post-lr 3e-4 --post-steps 100
+
+Builds the world's data and tokenizer as `graft.world` does, with two levers the `world` stage does not have yet:
+a share of the pretraining corpus rendered as chat turns (``--chat-frac``, for the old suites or for all suites
+incl. the new one) and the post-training learning rate/steps. Then measures, with greedy decoding on held-out
+problems (a quick proxy for the pipeline's sampled pass@1):
+- relative weight change ||post - base|| / ||base||, accuracy along base -> post;
+- donor (base) and SFT (post) finetunes on the new task in the student's style (ideal SynthSelf rewrites);
+- graft post + lam * (donor_ft - base) and SFT + merge post + lam * (sft - post) at several lambdas;
+- cosine between the graft and SFT deltas.
+Prints one JSON line. Research code: not a pipeline stage, not tested.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import time
+
+import torch
+import yaml
+
+from graft.chat import render_prompt, render_response
+from graft.generation import HFGenerator, SamplingSpec
+from graft.grading import grade_math
+from graft.modeling import new_model, qwen3_config, train_tokenizer
+from graft.params import Section
+from graft.tasks import OLD_SUITES, sample_problems
+from graft.training import OptimConfig, SFTExample, finetune_sft
+from graft.world import NEW_SUITE, build_data, posttrain, posttrain_examples, pretrain, pretraining_corpus
+
+
+def section(d):
+    return Section({k: section(v) if isinstance(v, dict) else v for k, v in d.items()})
+
+
+def accuracy(model, tokenizer, problems, thinking=True) -> float:
+    g = HFGenerator.from_model(model, tokenizer, batch_size=64)
+    outs = g.generate([render_prompt(q.question, thinking) for q in problems],
+                      SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=64, seed=0))
+    return sum(grade_math(o[0].text, q.answer, thinking)[1] for o, q in zip(outs, problems)) / len(problems)
+
+
+def flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten().float() for p in model.parameters()])
+
+
+def with_weights(model, vec):
+    m = copy.deepcopy(model)
+    torch.nn.utils.vector_to_parameters(vec, m.parameters())
+    return m
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--chat-frac", type=float, default=0.0)
+    ap.add_argument("--chat-suites", choices=["old", "all"], default="all")
+    ap.add_argument("--pretrain-steps", type=int, default=600)
+    ap.add_argument("--post-lr", type=float, default=1e-3)
+    ap.add_argument("--post-steps", type=int, default=200)
+    ap.add_argument("--ft-lr", type=float, default=1e-3)
+    ap.add_argument("--ft-epochs", type=int, default=10)
+    ap.add_argument("--hidden", type=int, default=0, help="student hidden size (0: params.yaml)")
+    ap.add_argument("--post-suites", default="add,reverse")
+    args = ap.parse_args()
+    t0 = time.time()
+    raw = yaml.safe_load(open("params.yaml"))["world"]
+    raw["seed"] = args.seed
+    raw["pretrain"]["steps"] = args.pretrain_steps
+    raw["posttrain"].update(lr=args.post_lr, steps=args.post_steps)
+    if args.hidden:
+        raw["student"].update(hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+                              num_attention_heads=args.hidden // 32)
+    p = section(raw)
+    thinking = True
+    rng = random.Random(p.seed)
+    torch.manual_seed(p.seed)
+    data = build_data(p, rng)
+    taken = {q.problem_id for qs in data.values() for q in qs}
+    corpus = pretraining_corpus(p.corpus_problems, rng, taken)
+    n_chat = int(args.chat_frac * len(corpus))
+    if n_chat:
+        suites = (*OLD_SUITES, NEW_SUITE) if args.chat_suites == "all" else OLD_SUITES
+        chat = [render_prompt(q.question, thinking) + render_response(q.student_trace, q.answer, thinking)
+                for s in suites for q in sample_problems(s, n_chat // len(suites), rng, taken)]
+        corpus = corpus[: len(corpus) - len(chat)] + chat
+        rng.shuffle(corpus)
+    post_ex = [e for e in posttrain_examples(p.posttrain.n_examples, rng, taken, rewrite=False)]
+    tok_texts = corpus + [render_prompt(e.question, thinking) + render_response(e.think, e.answer, thinking)
+                          for e in post_ex[:2000]] + [q.teacher_trace for q in data["hard_pool"]]
+    tokenizer = train_tokenizer(tok_texts, p.tokenizer_vocab_size)
+    model = new_model(qwen3_config(tokenizer, p.student, p.max_position_embeddings), p.seed)
+    pretrain(model, tokenizer, corpus, p.pretrain, p.seed, p.pretrain.steps, "pretrain")
+    base = copy.deepcopy(model)
+    posttrain(model, tokenizer, post_ex, p.posttrain, thinking, p.seed, "post-train")
+    post = model
+    hard = data["hard_pool"]
+    train, held = hard[:224], hard[224:]
+    old = {s: data[s] for s in OLD_SUITES}
+
+    def scores(m) -> dict:
+        o = {s: accuracy(m, tokenizer, qs) for s, qs in old.items()}
+        return {"new": accuracy(m, tokenizer, held), "old": sum(o.values()) / len(o), **o}
+
+    wb, wp = flat(base), flat(post)
+    out = {"args": vars(args), "rel_change_post": float((wp - wb).norm() / wb.norm()),
+           "base": scores(base), "post": scores(post)}
+    out["base_to_post"] = {t: scores(with_weights(base, wb + t * (wp - wb)))["old"] for t in (0.25, 0.5, 0.75)}
+    ft_ex = [SFTExample(q.question, q.student_trace, q.answer) for q in train]
+    cfg = OptimConfig(lr=args.ft_lr)
+    donor = copy.deepcopy(base)
+    finetune_sft(donor, tokenizer, ft_ex, thinking, 192, 16, args.ft_epochs, cfg, 0, "donor")
+    sft = copy.deepcopy(post)
+    finetune_sft(sft, tokenizer, ft_ex, thinking, 192, 16, args.ft_epochs, cfg, 0, "sft")
+    dg, ds = flat(donor) - wb, flat(sft) - wp
+    out["donor_ft"], out["sft"] = scores(donor), scores(sft)
+    out["rel_delta_graft"], out["rel_delta_sft"] = float(dg.norm() / wp.norm()), float(ds.norm() / wp.norm())
+    out["cos_graft_sft"] = float(torch.nn.functional.cosine_similarity(dg, ds, dim=0))
+    out["graft"] = {lam: scores(with_weights(post, wp + lam * dg)) for lam in (0.25, 0.5, 1.0, 1.5)}
+    out["sft_merge"] = {lam: scores(with_weights(post, wp + lam * ds)) for lam in (0.25, 0.5, 0.75)}
+    out["seconds"] = round(time.time() - t0)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
