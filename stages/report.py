@@ -49,6 +49,17 @@ def load_points(names: list[str], folder: Path) -> pd.DataFrame:
     return df
 
 
+def save_figure(fig, axes, path: Path, legend_size: int) -> None:
+    """Grid and legend on every axis, then the PNG written atomically."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
 def plot_paths(df: pd.DataFrame, path: Path) -> None:
     """Accuracy along base -> post (t) and along post -> post + lam * delta for the graft and SFT deltas of each
     finetune snapshot: smooth curves mean the world is in the regime where weight arithmetic is meaningful."""
@@ -70,13 +81,7 @@ def plot_paths(df: pd.DataFrame, path: Path) -> None:
                              label=f"{method} lr{lr:g} ep{ep:g}: {col.replace('_', ' ')}")
     axes[1].set_xlabel("lam in post + lam * delta (unmasked)")
     axes[1].set_title("update paths")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    save_figure(fig, axes, path, legend_size=7)
 
 
 def plot(df: pd.DataFrame, path: Path) -> None:
@@ -97,12 +102,7 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     ax.set_xlabel("new task (held-out mined problems, pass@1)")
     ax.set_ylabel("old task (mean over suites, pass@1)")
     ax.set_title("graft: new vs old task")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    save_figure(fig, [ax], path, legend_size=8)
 
 
 def main() -> None:
