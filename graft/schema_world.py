@@ -47,11 +47,18 @@ WORLD_SCHEMA: dict[str, dict] = {
             "seq_len": POS_INT,
             "lr": POS_NUM,
             "checkpoints": Field(list, item=Field(NUM, lambda x: 0 < x < 1, "in (0, 1)")),
+            # share of the pretraining texts that are chat turns (student style) of these suites: the base model
+            # already knows the chat format, so post-training narrows rather than teaches (paper §3)
+            "chat_fraction": Field(NUM, lambda x: 0 <= x < 1, "in [0, 1)"),
+            "chat_suites": Field(list, lambda v: len(set(v)) == len(v) and set(v) <= {"add", "reverse", "sub"},
+                                 "distinct names among add, reverse, sub", item=Field(STR)),
         },
         "posttrain": {
             "steps": POS_INT,
             "batch_size": POS_INT,
             "lr": POS_NUM,
+            # the aligner learns a new skill (rewriting) in post-training, so it needs its own, larger step
+            "aligner_lr": POS_NUM,
             "n_examples": POS_INT,
         },
         "eval_per_suite": POS_INT,

@@ -1,8 +1,9 @@
 """The embedded toy world: synthetic task data and a tiny Qwen3 model family built from params.
 
-Family: pretraining checkpoints and a base (raw-text pretraining), a post-trained model (chat format with a think
-block and an answer tag, on the old tasks), and a larger same-family aligner (same tokenizer and architecture,
-more capacity, additionally post-trained to rewrite solutions in its own words).
+Family: pretraining checkpoints and a base (raw-text pretraining, optionally mixed with chat turns of some suites),
+a post-trained model (chat format with a think block and an answer tag, on the old tasks), and a larger same-family
+aligner (same tokenizer and architecture, more capacity, additionally post-trained to rewrite solutions in its own
+words).
 Data: old-task eval suites (add, reverse) and a pool of hard problems (subtraction) with teacher-style gold
 solutions. Eval and hard-pool problems are excluded from every training text.
 """
@@ -41,11 +42,20 @@ def problems_frame(problems: list[Problem]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["problem_id", "suite", "question", "answer", "solution"])
 
 
-def pretraining_corpus(n: int, rng: random.Random, exclude: set[str]) -> list[str]:
+def pretraining_corpus(n: int, rng: random.Random, exclude: set[str], chat_fraction: float = 0.0,
+                       chat_suites: tuple[str, ...] = (), thinking: bool = True) -> list[str]:
+    """Raw text of every suite; with ``chat_fraction`` > 0 that share of the texts is replaced by chat turns (prompt
+    and a student-style response) of ``chat_suites``."""
     texts = []
     for suite in (*OLD_SUITES, NEW_SUITE):
         texts += [raw_text(q) for q in sample_problems(suite, n, rng, exclude)]
     rng.shuffle(texts)
+    n_chat = int(chat_fraction * len(texts))
+    if n_chat and chat_suites:
+        chat = [render_prompt(q.question, thinking) + render_response(q.student_trace, q.answer, thinking)
+                for s in chat_suites for q in sample_problems(s, n_chat // len(chat_suites), rng, exclude)]
+        texts = texts[: len(texts) - len(chat)] + chat
+        rng.shuffle(texts)
     return texts
 
 
@@ -83,11 +93,12 @@ def pretrain(model, tokenizer, corpus: list[str], pp, seed: int, steps: int, des
     return train_steps(model, next_batch, steps, OptimConfig(lr=pp.lr), desc, log)
 
 
-def posttrain(model, tokenizer, examples: list[SFTExample], pp, thinking: bool, seed: int, desc: str) -> list[float]:
+def posttrain(model, tokenizer, examples: list[SFTExample], pp, thinking: bool, seed: int, desc: str,
+              lr: float) -> list[float]:
     encoded = [encode_sft(tokenizer, ex, thinking, 256) for ex in examples]
     epochs = max(1, -(-pp.steps * pp.batch_size // len(encoded)))
     batches = sft_batches(encoded, pp.batch_size, epochs, seed, tokenizer.pad_token_id)[: pp.steps]
-    return train_steps(model, lambda s: batches[s], len(batches), OptimConfig(lr=pp.lr), desc)
+    return train_steps(model, lambda s: batches[s], len(batches), OptimConfig(lr=lr), desc)
 
 
 def build_world(p, thinking: bool, out_models: dict[str, Path], write_model: Callable[[torch.nn.Module, object, Path], None]
@@ -97,7 +108,8 @@ def build_world(p, thinking: bool, out_models: dict[str, Path], write_model: Cal
     torch.manual_seed(p.seed)
     data = build_data(p, rng)
     taken = {q.problem_id for qs in data.values() for q in qs}
-    corpus = pretraining_corpus(p.corpus_problems, rng, taken)
+    corpus = pretraining_corpus(p.corpus_problems, rng, taken, p.pretrain.chat_fraction,
+                                tuple(p.pretrain.chat_suites), thinking)
     post_ex = posttrain_examples(p.posttrain.n_examples, rng, taken, rewrite=False)
     aligner_ex = posttrain_examples(p.posttrain.n_examples, rng, taken, rewrite=True)
 
@@ -116,14 +128,15 @@ def build_world(p, thinking: bool, out_models: dict[str, Path], write_model: Cal
     curves["pretrain"] = pretrain(student, tokenizer, corpus, p.pretrain, p.seed, p.pretrain.steps,
                                   "pretrain student", save_ck, ck_steps)
     write_model(student, tokenizer, out_models["base"])
-    curves["posttrain"] = posttrain(student, tokenizer, post_ex, p.posttrain, thinking, p.seed, "post-train student")
+    curves["posttrain"] = posttrain(student, tokenizer, post_ex, p.posttrain, thinking, p.seed, "post-train student",
+                                   p.posttrain.lr)
     write_model(student, tokenizer, out_models["post"])
 
     aligner = new_model(qwen3_config(tokenizer, p.aligner, p.max_position_embeddings), p.seed + 1)
     curves["aligner_pretrain"] = pretrain(aligner, tokenizer, corpus, p.pretrain, p.seed + 1,
                                           p.pretrain.aligner_steps, "pretrain aligner")
     curves["aligner_posttrain"] = posttrain(aligner, tokenizer, aligner_ex, p.posttrain, thinking, p.seed + 1,
-                                            "post-train aligner")
+                                            "post-train aligner", p.posttrain.aligner_lr)
     write_model(aligner, tokenizer, out_models["aligner"])
 
     tables = {s: problems_frame(data[s]) for s in OLD_SUITES}

@@ -28,7 +28,7 @@ from graft.generation import HFGenerator, SamplingSpec
 from graft.grading import grade_math
 from graft.modeling import new_model, qwen3_config, train_tokenizer
 from graft.params import Section
-from graft.tasks import OLD_SUITES, sample_problems
+from graft.tasks import OLD_SUITES
 from graft.training import OptimConfig, SFTExample, finetune_sft
 from graft.world import NEW_SUITE, build_data, posttrain, posttrain_examples, pretrain, pretraining_corpus
 
@@ -81,14 +81,8 @@ def main() -> None:
     torch.manual_seed(p.seed)
     data = build_data(p, rng)
     taken = {q.problem_id for qs in data.values() for q in qs}
-    corpus = pretraining_corpus(p.corpus_problems, rng, taken)
-    n_chat = int(args.chat_frac * len(corpus))
-    if n_chat:
-        suites = (*OLD_SUITES, NEW_SUITE) if args.chat_suites == "all" else OLD_SUITES
-        chat = [render_prompt(q.question, thinking) + render_response(q.student_trace, q.answer, thinking)
-                for s in suites for q in sample_problems(s, n_chat // len(suites), rng, taken)]
-        corpus = corpus[: len(corpus) - len(chat)] + chat
-        rng.shuffle(corpus)
+    suites = (*OLD_SUITES, NEW_SUITE) if args.chat_suites == "all" else OLD_SUITES
+    corpus = pretraining_corpus(p.corpus_problems, rng, taken, args.chat_frac, suites, thinking)
     post_ex = [e for e in posttrain_examples(p.posttrain.n_examples, rng, taken, rewrite=False)]
     tok_texts = corpus + [render_prompt(e.question, thinking) + render_response(e.think, e.answer, thinking)
                           for e in post_ex[:2000]] + [q.teacher_trace for q in data["hard_pool"]]
@@ -96,7 +90,7 @@ def main() -> None:
     model = new_model(qwen3_config(tokenizer, p.student, p.max_position_embeddings), p.seed)
     pretrain(model, tokenizer, corpus, p.pretrain, p.seed, p.pretrain.steps, "pretrain")
     base = copy.deepcopy(model)
-    posttrain(model, tokenizer, post_ex, p.posttrain, thinking, p.seed, "post-train")
+    posttrain(model, tokenizer, post_ex, p.posttrain, thinking, p.seed, "post-train", args.post_lr)
     post = model
     hard = data["hard_pool"]
     train, held = hard[:224], hard[224:]

@@ -25,7 +25,7 @@ SMALL_OVERRIDES = {
     "star": {"attempts": 2, "max_new_tokens": 16},
     "knowledge": {"entities": 8, "eval_facts": 4},
     # the tiny aligner accepts no rewrite: teacher traces; micro < global exercises gradient accumulation
-    "finetune": {"epochs": 2, "global_batch_size": 8, "micro_batch_size": 4, "source": "teacher",
+    "finetune": {"lrs": [0.001], "epochs": 2, "global_batch_size": 8, "micro_batch_size": 4, "source": "teacher",
                  "checkpoint_every": 1},
     "opsd": {"alphas": [0.5], "max_new_tokens": 16},
     "fisher": {"n_rollouts": 6, "max_new_tokens": 16, "chunk": 3},

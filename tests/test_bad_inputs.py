@@ -34,6 +34,7 @@ def box(tmp_path, tiny_model_dir, monkeypatch):
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p["models"].update(base="models/base", post="models/post", aligner="models/post")
     p["finetune"]["donor"] = "models/base"
+    p["finetune"]["lrs"] = [0.001]
     p["generation"]["backend"] = "hf"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     (tmp_path / "data/mined").mkdir(parents=True)

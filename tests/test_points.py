@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 def params(**sweep):
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["sweep"].update(sweep)
+    raw["finetune"]["lrs"] = [0.001]
     return validate(raw)
 
 

@@ -1,0 +1,127 @@
+"""Per-scenario frontiers on several world seeds, from the committed params.
+
+One `dvc exp run` per (seed, scenario), setting only `world.seed` and `finetune.source`; each run's points table,
+Pareto PNG and diagnostics are copied to research/scenarios/seed<S>/<source>/ with a summary of the dominance
+checks of issue 6 (graft vs SFT+merge, masked graft vs graft), and research/scenarios/summary.md collects them.
+A scenario whose pipeline stops (e.g. an empty off-policy set) gets a failed.txt with the error.
+
+Run from the repository root with the venv active, on a clean commit:
+
+    python research/scenarios.py --seeds 0 1 --sources teacher synthself star knowledge
+
+It changes the workspace (each experiment's outputs stay there; the experiments are kept by DVC, see
+`dvc exp show`); `git checkout HEAD -- . && dvc checkout` restores the committed state. `--summarise` only rebuilds
+the summaries from what is already in research/scenarios/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from graft.pareto import frontier_dominates  # noqa: E402
+
+OUT = Path("research/scenarios")
+COPIED = ["reports/points.parquet", "reports/pareto.png", "reports/diagnostics/summary.json",
+          "reports/diagnostics/interpolation.png", "reports/metrics.json"]
+# the lambda families (post is their lambda = 0 point) and the checks the issue names
+LAM_METHODS = ["graft", "sft_merge", "graft_diagonal", "graft_kfac", "graft_random"]
+CHECKS = {"graft > sft_merge": ("graft", "sft_merge"), "graft_diagonal > graft": ("graft_diagonal", "graft"),
+          "graft_kfac > graft": ("graft_kfac", "graft"), "graft_diagonal > graft_random": ("graft_diagonal",
+                                                                                         "graft_random")}
+
+
+def summarise(points: pd.DataFrame) -> dict:
+    """Each method's (lam, new, old) points and the dominance checks; the lambda families include post (lam 0)."""
+    post = points[points.method == "post"].iloc[0]
+    post_xy = (float(post.new_task), float(post.old_task))
+    families: dict[str, list[tuple[float, float]]] = {}
+    table: dict[str, list[dict]] = {}
+    for method, sub in points.groupby("method"):
+        sub = sub.sort_values(["lam", "alpha"], na_position="first")
+        table[method] = [{"lam": None if pd.isna(r.lam) else float(r.lam),
+                          "alpha": None if pd.isna(r.alpha) else float(r.alpha),
+                          "new": float(r.new_task), "old": float(r.old_task)} for r in sub.itertuples()]
+        xy = [(float(r.new_task), float(r.old_task)) for r in sub.itertuples()]
+        families[method] = [post_xy] + xy if method in LAM_METHODS else xy
+    checks = {name: frontier_dominates(families[a], families[b]) for name, (a, b) in CHECKS.items()
+              if a in families and b in families}
+    return {"post": {"new": post_xy[0], "old": post_xy[1]}, "points": table, "checks": checks}
+
+
+def run_one(seed: int, source: str) -> tuple[bool, str, float]:
+    t0 = time.time()
+    cmd = ["dvc", "exp", "run", "-S", f"world.seed={seed}", "-S", f"finetune.source={source}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    return proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:], time.time() - t0
+
+
+def fmt(points: list[dict], lam: float) -> str:
+    hit = [p for p in points if p["lam"] == lam]
+    return f"{hit[0]['new']:.2f} / {hit[0]['old']:.2f}" if hit else "-"
+
+
+def write_summary(out: Path) -> None:
+    lines = ["# Per-scenario frontiers (new task / old-task mean, pass@1)", "",
+             "Written by `research/scenarios.py` from `dvc exp run -S world.seed=S -S finetune.source=X` with the "
+             "committed params.yaml. Lambda families include post (lambda 0) in the dominance checks.", ""]
+    for run in sorted(out.glob("seed*/*/")):
+        seed, source = run.parent.name, run.name
+        if (run / "failed.txt").exists():
+            lines += [f"## {seed} / {source}: the pipeline stopped", "", "```",
+                      (run / "failed.txt").read_text().strip()[-800:], "```", ""]
+            continue
+        s = json.loads((run / "summary.json").read_text())
+        pts = s["points"]
+        lams = sorted({p["lam"] for m in LAM_METHODS for p in pts.get(m, []) if p["lam"] is not None})
+        lines += [f"## {seed} / {source}  (off-policy rows: {s.get('rows', '?')}, wall {s.get('wall_s', 0):.0f} s)",
+                  "", f"post: {s['post']['new']:.2f} / {s['post']['old']:.2f}; "
+                  + "; ".join(f"{m}: " + ", ".join(f"{p['new']:.2f} / {p['old']:.2f}"
+                                                  + (f" (alpha {p['alpha']})" if p["alpha"] is not None else "")
+                                                  for p in pts[m])
+                              for m in ("sft", "opsd", "fisher_merge") if m in pts), "",
+                  "| method | " + " | ".join(f"lam {lam}" for lam in lams) + " |",
+                  "|---" * (len(lams) + 1) + "|"]
+        lines += [f"| {m} | " + " | ".join(fmt(pts[m], lam) for lam in lams) + " |" for m in LAM_METHODS if m in pts]
+        lines += ["", "checks: " + ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in s["checks"].items()), ""]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--sources", nargs="+", default=["teacher", "synthself", "star", "knowledge"])
+    ap.add_argument("--summarise", action="store_true", help="only rebuild summary.md from research/scenarios/")
+    args = ap.parse_args()
+    if not args.summarise:
+        for seed in args.seeds:
+            for source in args.sources:
+                run = OUT / f"seed{seed}" / source
+                shutil.rmtree(run, ignore_errors=True)
+                run.mkdir(parents=True)
+                ok, log, wall = run_one(seed, source)
+                print(f"seed {seed} {source}: {'ok' if ok else 'FAILED'} in {wall:.0f} s", flush=True)
+                if not ok:
+                    (run / "failed.txt").write_text(log)
+                    continue
+                for path in [*map(Path, COPIED), *sorted(Path("reports/fisher_share").glob("*.json"))]:
+                    if path.exists():
+                        shutil.copyfile(path, run / (path.name if path.parent.name != "fisher_share"
+                                                     else f"fisher_share_{path.name}"))
+                summary = summarise(pd.read_parquet("reports/points.parquet"))
+                data = Path(f"data/offpolicy/{source}.parquet")
+                summary.update(seed=seed, source=source, wall_s=round(wall),
+                               rows=len(pd.read_parquet(data)) if data.exists() else None)
+                (run / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_summary(OUT)
+
+
+if __name__ == "__main__":
+    main()
