@@ -13,15 +13,21 @@ def non_dominated(points: Sequence[tuple[float, float]]) -> list[bool]:
     return out
 
 
-def weakly_dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    return a[0] >= b[0] and a[1] >= b[1]
+def covers(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]],
+           margin: tuple[float, float] = (0.0, 0.0)) -> bool:
+    """Every point of ``b`` is weakly dominated by some point of ``a``, allowing ``a`` to fall short by ``margin``."""
+    mx, my = margin
+    return all(any(p[0] >= q[0] - mx and p[1] >= q[1] - my for p in a) for q in b)
 
 
-def frontier_dominates(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> bool:
-    """Does point set ``a`` Pareto-dominate point set ``b``: every point of ``b`` is weakly dominated by a point of
-    ``a``, and some point of ``b`` is strictly dominated (>= on both, > on one). Equal sets do not dominate."""
+def frontier_dominates(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]],
+                       margin: tuple[float, float] = (0.0, 0.0)) -> bool:
+    """Does point set ``a`` Pareto-dominate point set ``b``: ``a`` covers ``b`` and ``b`` does not cover ``a`` (so
+    equal frontiers do not dominate each other).
+
+    With a ``margin`` (per axis, e.g. two standard errors of the estimates) ``a`` may fall short of ``b`` by the margin
+    and still cover it, and must have a point that beats every point of ``b`` by more than the margin on some axis:
+    dominance beyond noise."""
     if not a or not b:
         raise ValueError("frontier_dominates: both point sets must be non-empty")
-    covered = all(any(weakly_dominates(p, q) for p in a) for q in b)
-    strict = any(any(weakly_dominates(p, q) and p != q for p in a) for q in b)
-    return covered and strict
+    return covers(a, b, margin) and not covers(b, a, margin)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from graft.pareto import frontier_dominates  # noqa: E402
@@ -38,8 +39,20 @@ CHECKS = {"graft > sft_merge": ("graft", "sft_merge"), "graft_diagonal > graft":
                                                                                          "graft_random")}
 
 
-def summarise(points: pd.DataFrame) -> dict:
-    """Each method's (lam, new, old) points and the dominance checks; the lambda families include post (lam 0)."""
+def margins(params: dict, source: str) -> tuple[float, float]:
+    """Two standard errors of a pass@1 estimate at p = 0.5 (the widest) for the new and the old task: a difference
+    smaller than this is not told apart from sampling noise (samples of one problem are correlated, so this is if
+    anything generous)."""
+    n_samples = params["evaluate"]["n_samples"]
+    n_new = (params["knowledge"]["eval_facts"] * params["knowledge"]["heldout_phrasings"] if source == "knowledge"
+             else params["mine"]["heldout"] * n_samples)
+    n_old = params["world"]["eval_per_suite"] * len(params["data"]["old_suites"]) * n_samples
+    return 2 * (0.25 / n_new) ** 0.5, 2 * (0.25 / n_old) ** 0.5
+
+
+def summarise(points: pd.DataFrame, margin: tuple[float, float] = (0.0, 0.0)) -> dict:
+    """Each method's (lam, new, old) points and the dominance checks, exact and beyond ``margin``; the lambda
+    families include post (lam 0)."""
     post = points[points.method == "post"].iloc[0]
     post_xy = (float(post.new_task), float(post.old_task))
     families: dict[str, list[tuple[float, float]]] = {}
@@ -51,9 +64,11 @@ def summarise(points: pd.DataFrame) -> dict:
                           "new": float(r.new_task), "old": float(r.old_task)} for r in sub.itertuples()]
         xy = [(float(r.new_task), float(r.old_task)) for r in sub.itertuples()]
         families[method] = [post_xy] + xy if method in LAM_METHODS else xy
-    checks = {name: frontier_dominates(families[a], families[b]) for name, (a, b) in CHECKS.items()
-              if a in families and b in families}
-    return {"post": {"new": post_xy[0], "old": post_xy[1]}, "points": table, "checks": checks}
+    pairs = {name: (a, b) for name, (a, b) in CHECKS.items() if a in families and b in families}
+    checks = {name: frontier_dominates(families[a], families[b]) for name, (a, b) in pairs.items()}
+    beyond = {name: frontier_dominates(families[a], families[b], margin) for name, (a, b) in pairs.items()}
+    return {"post": {"new": post_xy[0], "old": post_xy[1]}, "points": table, "checks": checks,
+            "checks_beyond_noise": beyond, "margin": list(margin)}
 
 
 def run_one(seed: int, source: str) -> tuple[bool, str, float]:
@@ -69,16 +84,22 @@ def fmt(points: list[dict], lam: float) -> str:
 
 
 def write_summary(out: Path) -> None:
+    params = yaml.safe_load(Path("params.yaml").read_text())
     lines = ["# Per-scenario frontiers (new task / old-task mean, pass@1)", "",
              "Written by `research/scenarios.py` from `dvc exp run -S world.seed=S -S finetune.source=X` with the "
-             "committed params.yaml. Lambda families include post (lambda 0) in the dominance checks.", ""]
+             "committed params.yaml. Lambda families include post (lambda 0) in the dominance checks; 'beyond noise' "
+             "lets each side fall short by two standard errors and asks for a gain larger than that (`margins`).", ""]
     for run in sorted(out.glob("seed*/*/")):
         seed, source = run.parent.name, run.name
         if (run / "failed.txt").exists():
             lines += [f"## {seed} / {source}: the pipeline stopped", "", "```",
                       (run / "failed.txt").read_text().strip()[-800:], "```", ""]
             continue
+        if not (run / "summary.json").exists():
+            continue  # still running
         s = json.loads((run / "summary.json").read_text())
+        s.update(summarise(pd.read_parquet(run / "points.parquet"), margins(params, source)))
+        (run / "summary.json").write_text(json.dumps(s, indent=2, sort_keys=True) + "\n")
         pts = s["points"]
         lams = sorted({p["lam"] for m in LAM_METHODS for p in pts.get(m, []) if p["lam"] is not None})
         lines += [f"## {seed} / {source}  (off-policy rows: {s.get('rows', '?')}, wall {s.get('wall_s', 0):.0f} s)",
@@ -90,7 +111,9 @@ def write_summary(out: Path) -> None:
                   "| method | " + " | ".join(f"lam {lam}" for lam in lams) + " |",
                   "|---" * (len(lams) + 1) + "|"]
         lines += [f"| {m} | " + " | ".join(fmt(pts[m], lam) for lam in lams) + " |" for m in LAM_METHODS if m in pts]
-        lines += ["", "checks: " + ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in s["checks"].items()), ""]
+        lines += ["", "dominance, exact: " + ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in s["checks"].items()),
+                  "", f"dominance beyond noise (margins {s['margin'][0]:.3f} new, {s['margin'][1]:.3f} old): "
+                  + ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in s["checks_beyond_noise"].items()), ""]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
@@ -115,7 +138,7 @@ def main() -> None:
                     if path.exists():
                         shutil.copyfile(path, run / (path.name if path.parent.name != "fisher_share"
                                                      else f"fisher_share_{path.name}"))
-                summary = summarise(pd.read_parquet("reports/points.parquet"))
+                summary = summarise(pd.read_parquet("reports/points.parquet"))  # checks redone by write_summary
                 data = Path(f"data/offpolicy/{source}.parquet")
                 summary.update(seed=seed, source=source, wall_s=round(wall),
                                rows=len(pd.read_parquet(data)) if data.exists() else None)

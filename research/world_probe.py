@@ -18,6 +18,7 @@ import argparse
 import copy
 import json
 import random
+import re
 import time
 
 import torch
@@ -37,11 +38,21 @@ def section(d):
     return Section({k: section(v) if isinstance(v, dict) else v for k, v in d.items()})
 
 
-def accuracy(model, tokenizer, problems, thinking=True) -> float:
+def greedy(model, tokenizer, problems, thinking=True) -> list[str]:
     g = HFGenerator.from_model(model, tokenizer, batch_size=64)
     outs = g.generate([render_prompt(q.question, thinking) for q in problems],
                       SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=64, seed=0))
-    return sum(grade_math(o[0].text, q.answer, thinking)[1] for o, q in zip(outs, problems)) / len(problems)
+    return [o[0].text for o in outs]
+
+
+def accuracy(model, tokenizer, problems, thinking=True) -> float:
+    texts = greedy(model, tokenizer, problems, thinking)
+    return sum(grade_math(t, q.answer, thinking)[1] for t, q in zip(texts, problems)) / len(problems)
+
+
+def routed_to_addition(model, tokenizer, problems, thinking=True) -> float:
+    """Share of subtraction prompts answered with an addition trace: the paper's epsilon (section 3)."""
+    return sum(bool(re.search(r"\d\+\d", t)) for t in greedy(model, tokenizer, problems, thinking)) / len(problems)
 
 
 def flat(model) -> torch.Tensor:
@@ -102,7 +113,8 @@ def main() -> None:
 
     wb, wp = flat(base), flat(post)
     out = {"args": vars(args), "rel_change_post": float((wp - wb).norm() / wb.norm()),
-           "base": scores(base), "post": scores(post)}
+           "base": scores(base), "post": scores(post),
+           "epsilon": {"base": routed_to_addition(base, tokenizer, held), "post": routed_to_addition(post, tokenizer, held)}}
     out["base_to_post"] = {t: scores(with_weights(base, wb + t * (wp - wb)))["old"] for t in (0.25, 0.5, 0.75)}
     ft_ex = [SFTExample(q.question, q.student_trace, q.answer) for q in train]
     cfg = OptimConfig(lr=args.ft_lr)
