@@ -143,7 +143,10 @@ class MaskPlan:
 def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[str, float]:
     """Stream M_rho(delta) into ``out_dir`` (sharded like the delta): exactly floor(rho * N) directions (entries or
     KFAC eigen-directions) with the highest scores are removed; ties go to the earliest position in the delta's
-    streaming order (``TensorReader.ordered_names``, row-major). Returns counts and the share of score removed."""
+    streaming order (``TensorReader.ordered_names``, row-major). Returns counts, the share of the kind's own score
+    removed (for ``random`` that is a share of random keys, not a sensitivity), and, when the plan has a diagonal
+    Fisher, ``fisher_share_removed`` = sum F (delta - M(delta))^2 / sum F delta^2: the share of the Fisher-weighted
+    update each kind removes, measured in the same (diagonal) metric so the kinds compare."""
     names = plan.delta.ordered_names()
     total = sum(_numel(plan.delta.shape(n)) for n in names)
     k = top_rho_count(total, rho) if plan.kind != "none" else 0
@@ -162,8 +165,10 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[
     else:
         selection = select_top_k(stream, k)
     stats = {"entries": total, "masked": 0, "score_total": 0.0, "score_masked": 0.0}
+    fisher_total = fisher_removed = 0.0
 
     def produce(name: str) -> torch.Tensor:
+        nonlocal fisher_total, fisher_removed
         sel_name, drop = next(selection)
         assert sel_name == name
         if k > 0:
@@ -174,10 +179,17 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[
         else:
             d = plan.delta.get(name).float()
         stats["masked"] += int(drop.sum())
-        return plan.project(name, d, drop)
+        kept = plan.project(name, d, drop)
+        if plan.fisher is not None:
+            f = plan.fisher.get(name).double()
+            fisher_total += float((f * d.double() ** 2).sum())
+            fisher_removed += float((f * (d.double() - kept.double()) ** 2).sum())
+        return kept
 
     write_like(plan.delta, out_dir, torch.float32, produce)
     stats["score_share_masked"] = stats["score_masked"] / stats["score_total"] if stats["score_total"] else 0.0
+    if plan.fisher is not None:
+        stats["fisher_share_removed"] = fisher_removed / fisher_total if fisher_total else 0.0
     return stats
 
 

@@ -37,11 +37,12 @@ def main() -> None:
             TensorReader("tensors/fisher/retention/diagonal.safetensors") as fisher, \
             TensorReader("tensors/fisher/retention/kfac.safetensors") as kfac, \
             atomic_dir(f"tensors/masked/{name}") as tmp:
-        plan = MaskPlan(args.kind, delta, fisher if args.kind != "random" else None, kfac, p.random_seed)
+        # every kind gets the diagonal Fisher: random ignores it for selection but reports what it removes
+        plan = MaskPlan(args.kind, delta, fisher, kfac, p.random_seed)
         stats = write_masked_delta(plan, args.rho, tmp)
     write_json(f"reports/masks/{name}.json", {"kind": args.kind, "rho": args.rho, "lr": args.lr, "epoch": args.epoch, **stats})
     print(f"mask {name}: removed {stats['masked']}/{stats['entries']} directions, "
-          f"{stats['score_share_masked']:.1%} of the score")
+          f"{stats['fisher_share_removed']:.1%} of the Fisher-weighted update (diagonal metric)")
 
 
 if __name__ == "__main__":

@@ -144,6 +144,17 @@ def test_masked_delta_counts_and_kinds(tmp_path):
     ref = _reference_top_k(scores, 7)
     for k in delta:
         assert torch.equal(out[k], delta[k].masked_fill(ref[k], 0.0))
+    # the removed Fisher-weighted share: for the diagonal mask it is the removed share of its own score
+    removed = sum(float(scores[k][ref[k]].double().sum()) for k in delta)
+    whole = sum(float(scores[k].double().sum()) for k in delta)
+    assert stats["fisher_share_removed"] == pytest.approx(removed / whole, rel=1e-9)
+    assert stats["fisher_share_removed"] == pytest.approx(stats["score_share_masked"], rel=1e-6)
+    # a random mask of the same size, given the Fisher, reports the Fisher-weighted share it removes
+    rstats = write_masked_delta(MaskPlan("random", dr, fr, seed=3), 0.25, tmp_path / "r0")
+    rout = dict(TensorReader(tmp_path / "r0").items())
+    r_removed = sum(float((fisher[k] * (delta[k] - rout[k]) ** 2).double().sum()) for k in delta)
+    assert rstats["fisher_share_removed"] == pytest.approx(r_removed / whole, rel=1e-6)
+    assert rstats["fisher_share_removed"] < stats["fisher_share_removed"]   # the top-7 by score remove the most
     # random control: same count, seeded
     write_masked_delta(MaskPlan("random", dr, None, seed=3), 0.25, tmp_path / "r1")
     write_masked_delta(MaskPlan("random", dr, None, seed=3), 0.25, tmp_path / "r2")
@@ -163,6 +174,8 @@ def test_masked_delta_counts_and_kinds(tmp_path):
     ref = _reference_top_k(ks, 7)
     assert stats["masked"] == 7
     torch.testing.assert_close(out[w], kfac_project(delta[w], U, Vm, ref[w]))
+    k_removed = sum(float((fisher[k] * (delta[k] - out[k]) ** 2).double().sum()) for k in delta)
+    assert stats["fisher_share_removed"] == pytest.approx(k_removed / whole, rel=1e-5)
     assert torch.equal(out["model.norm.weight"], delta["model.norm.weight"].masked_fill(ref["model.norm.weight"], 0.0))
 
 
