@@ -20,6 +20,7 @@ from pathlib import Path
 from graft.evaluation import evaluate_model
 from graft.generation import HFGenerator, SamplingSpec, VLLMGenerator
 from graft.merging import merge_into_dir
+from graft.points import POINT_LOADER
 from graft.schema import load_all
 from graft.tables import read_table
 
@@ -39,7 +40,8 @@ def main() -> None:
                         max_new_tokens=ev.max_new_tokens, seed=ev.seed)
 
     def vllm(model_dir) -> VLLMGenerator:
-        return VLLMGenerator(model_dir, gen.dtype, gen.max_model_len, gen.vllm_memory_fraction, gen.vllm_enforce_eager)
+        return VLLMGenerator(model_dir, gen.dtype, gen.max_model_len, gen.vllm_memory_fraction, gen.vllm_enforce_eager,
+                             worker_extension=POINT_LOADER)
 
     def score(g):
         metrics, samples = evaluate_model(g, heldout, suites, spec, ev.pass_k, chat.thinking)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from graft.merging import same_tensors
 from graft.tensors import CheckpointError, TensorReader
 
 
@@ -15,8 +16,7 @@ def relative_change(new_dir: str | Path, old_dir: str | Path) -> tuple[float, li
     total_d = total_o = 0.0
     rows = []
     with TensorReader(new_dir) as new, TensorReader(old_dir) as old:
-        if new.names() != old.names():
-            raise CheckpointError(f"{new_dir} and {old_dir} hold different tensors")
+        same_tensors(new, old, "relative change")
         for name in new.names():
             a, b = new.get(name).double(), old.get(name).double()
             if a.shape != b.shape:
@@ -32,8 +32,7 @@ def delta_geometry(a_dir: str | Path, b_dir: str | Path) -> dict[str, float]:
     """Norms of two deltas over the same tensors and the cosine between them (flattened over the whole model)."""
     aa = bb = ab = 0.0
     with TensorReader(a_dir) as a, TensorReader(b_dir) as b:
-        if a.names() != b.names():
-            raise CheckpointError(f"{a_dir} and {b_dir} hold different tensors")
+        same_tensors(a, b, "delta geometry")
         for name in a.names():
             x, y = a.get(name).double().flatten(), b.get(name).double().flatten()
             if x.shape != y.shape:

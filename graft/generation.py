@@ -6,10 +6,11 @@ the think and answer tags are special tokens and grading reads them.
 """
 from __future__ import annotations
 
+import importlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import torch
 from tqdm import tqdm
@@ -57,11 +58,12 @@ class HFGenerator:
     """Sampling loop over ``transformers`` forward passes with a KV cache and one RNG per sample."""
 
     def __init__(self, model_dir: str | Path, dtype: str = "float32", batch_size: int = 64,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, worker_extension: str | None = None):
         from graft.modeling import load_model, load_tokenizer
 
         self._attach(load_model(model_dir, dtype, trust_remote_code), load_tokenizer(model_dir, trust_remote_code),
                      batch_size)
+        self.worker_extension = worker_extension
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer, batch_size: int = 64) -> "HFGenerator":
@@ -73,6 +75,7 @@ class HFGenerator:
     def _attach(self, model: torch.nn.Module, tokenizer, batch_size: int) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.batch_size = batch_size
+        self.worker_extension: str | None = None
         self.stop_id = self.tokenizer.convert_tokens_to_ids(IM_END)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_id
 
@@ -132,42 +135,46 @@ class HFGenerator:
                 out[i].append(Completion(self.tokenizer.decode(body, skip_special_tokens=False), tuple(t)))
         return out
 
-    @torch.no_grad()
     def load_point(self, model: str | Path, delta: str | Path | None = None, lam: float | None = None) -> None:
-        """Overwrite the weights in place with ``model + lam * delta`` (same architecture as the loaded model)."""
-        from graft.points import point_tensors
+        """Overwrite the weights in place with ``model + lam * delta``: the worker extension's ``graft_load_point``
+        runs on this generator, exactly as on each vLLM worker (it calls ``reload_weights``)."""
+        getattr(_extension(self.worker_extension), "graft_load_point")(self, str(model), delta and str(delta), lam)
 
+    @torch.no_grad()
+    def reload_weights(self, weights_iterator: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Overwrite every parameter in place (same architecture as the loaded model); vLLM workers' signature."""
         params = dict(self.model.named_parameters())
         seen = set()
-        for name, t in point_tensors(model, delta, lam):
+        for name, t in weights_iterator:
             if name not in params:
-                raise KeyError(f"{model}: tensor {name} is not a parameter of the loaded model")
+                raise KeyError(f"tensor {name} is not a parameter of the loaded model")
             params[name].copy_(t.to(params[name].device, params[name].dtype))
             seen.add(params[name].data_ptr())
         missing = [n for n, q in params.items() if q.data_ptr() not in seen]  # tied weights share storage
         if missing:
-            raise KeyError(f"{model}: no tensor for parameter {missing[0]}")
+            raise KeyError(f"no tensor for parameter {missing[0]}")
 
     def close(self) -> None:
         self.model = None
 
 
-class PointLoader:
-    """vLLM worker extension: each worker streams a point's weights into its running model (``reload_weights``
-    re-runs the backend's post-load processing, e.g. the CPU weight repacking), so one engine serves a sweep.
-    With tensor parallelism every worker reads the full tensors and keeps its shard."""
-
-    def graft_load_point(self, model: str, delta: str | None, lam: float | None) -> None:
-        from graft.points import point_tensors
-
-        self.reload_weights(weights_iterator=point_tensors(model, delta, lam))
+def _extension(dotted: str | None) -> type:
+    """The worker-extension class a caller named (e.g. ``graft.points.POINT_LOADER``); importing it by name keeps
+    this module free of the point code, so only the stages that load points depend on it."""
+    if dotted is None:
+        raise RuntimeError("load_point needs the generator opened with a worker_extension (graft.points.POINT_LOADER)")
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 class VLLMGenerator:
     """vLLM offline engine. Prompts go in as token ids so both backends see exactly the same tokens."""
 
     def __init__(self, model_dir: str | Path, dtype: str = "float32", max_model_len: int = 512,
-                 memory_fraction: float = 0.3, enforce_eager: bool = True, trust_remote_code: bool = False):
+                 memory_fraction: float = 0.3, enforce_eager: bool = True, trust_remote_code: bool = False,
+                 worker_extension: str | None = None):
+        """``worker_extension``: dotted name of a class whose methods every worker gains (vLLM's
+        ``worker_extension_cls``); ``graft.points.POINT_LOADER`` lets ``load_point`` write sweep points in."""
         from vllm import LLM
 
         from graft.modeling import load_tokenizer
@@ -176,7 +183,8 @@ class VLLMGenerator:
         self.stop_id = self.tokenizer.convert_tokens_to_ids(IM_END)
         self.llm = LLM(model=str(model_dir), dtype=dtype, seed=0, max_model_len=max_model_len,
                        gpu_memory_utilization=memory_fraction, enforce_eager=enforce_eager,
-                       trust_remote_code=trust_remote_code, worker_extension_cls="graft.generation.PointLoader")
+                       trust_remote_code=trust_remote_code, worker_extension_cls=worker_extension or "")
+        self.worker_extension = worker_extension
 
     def generate(self, prompts: Sequence[str], spec: SamplingSpec) -> list[list[Completion]]:
         from vllm import SamplingParams
@@ -195,6 +203,7 @@ class VLLMGenerator:
 
     def load_point(self, model: str | Path, delta: str | Path | None = None, lam: float | None = None) -> None:
         """Write ``model + lam * delta`` into the running engine; cached prefixes of the old weights are dropped."""
+        _extension(self.worker_extension)  # a clear error when the engine was opened without the extension
         self.llm.collective_rpc("graft_load_point", args=(str(Path(model).resolve()),
                                                           str(Path(delta).resolve()) if delta else None, lam))
         self.llm.reset_prefix_cache()
@@ -207,9 +216,10 @@ class VLLMGenerator:
         self.llm = None
 
 
-def open_generator(model_dir: str | Path, gen_params, trust_remote_code: bool = False) -> Generator:
-    """Build the backend named by params.yaml ``generation``."""
+def open_generator(model_dir: str | Path, gen_params, trust_remote_code: bool = False,
+                   worker_extension: str | None = None) -> Generator:
+    """Build the backend named by params.yaml ``generation`` (``worker_extension``: see ``VLLMGenerator``)."""
     if gen_params.backend == "hf":
-        return HFGenerator(model_dir, gen_params.dtype, gen_params.batch_size, trust_remote_code)
+        return HFGenerator(model_dir, gen_params.dtype, gen_params.batch_size, trust_remote_code, worker_extension)
     return VLLMGenerator(model_dir, gen_params.dtype, gen_params.max_model_len, gen_params.vllm_memory_fraction,
-                         gen_params.vllm_enforce_eager, trust_remote_code)
+                         gen_params.vllm_enforce_eager, trust_remote_code, worker_extension)

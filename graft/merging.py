@@ -30,7 +30,8 @@ def tensor_delta(ft: torch.Tensor, base: torch.Tensor, name: str) -> torch.Tenso
     return d
 
 
-def _same_tensors(a: TensorReader, b: TensorReader, what: str) -> None:
+def same_tensors(a: TensorReader, b: TensorReader, what: str) -> None:
+    """Refuse two checkpoints (model, delta, Fisher) that do not hold the same tensor names."""
     if a.names() != b.names():
         diff = sorted(set(a.names()) ^ set(b.names()))
         raise CheckpointError(f"{what}: {a.path} and {b.path} hold different tensors, e.g. {diff[0]}")
@@ -41,7 +42,7 @@ def write_delta(ft_dir: str | Path, base_dir: str | Path, out_dir: str | Path) -
     check_compatible(ft_dir, base_dir)
     norms: dict[str, float] = {}
     with TensorReader(ft_dir) as ft, TensorReader(base_dir) as base:
-        _same_tensors(ft, base, "delta")
+        same_tensors(ft, base, "delta")
         for name in ft.names():
             if ft.shape(name) != base.shape(name):
                 raise CheckpointError(f"tensor {name}: shape {ft.shape(name)} vs {base.shape(name)}")
@@ -59,7 +60,7 @@ def compute_delta(ft_dir: str | Path, base_dir: str | Path) -> dict[str, torch.T
     """In-memory ft - base (small models and tests)."""
     check_compatible(ft_dir, base_dir)
     with TensorReader(ft_dir) as ft, TensorReader(base_dir) as base:
-        _same_tensors(ft, base, "delta")
+        same_tensors(ft, base, "delta")
         return {name: tensor_delta(ft.get(name), base.get(name), name) for name in ft.names()}
 
 
@@ -223,7 +224,7 @@ def merge_into_dir(post_dir: str | Path, delta_path: str | Path, lam: float, out
     out_dir = Path(out_dir)
     copy_model_files(post_dir, out_dir)
     with TensorReader(post_dir) as post, TensorReader(delta_path) as delta:
-        _same_tensors(post, delta, "merge")
+        same_tensors(post, delta, "merge")
         for name in post.names():
             if post.shape(name) != delta.shape(name):
                 raise CheckpointError(f"tensor {name}: post shape {post.shape(name)} vs delta {delta.shape(name)}")

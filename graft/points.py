@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Mapping
 
 import torch
 
-from graft.merging import merge_tensor
+from graft.merging import merge_tensor, same_tensors
 from graft.sweep import run_tag
 from graft.tensors import CheckpointError, TensorReader
 
@@ -86,9 +86,7 @@ def point_tensors(model: str | Path, delta: str | Path | None, lam: float | None
                 yield name, m.get(name)
             return
         with TensorReader(delta) as d:
-            if m.names() != d.names():
-                diff = sorted(set(m.names()) ^ set(d.names()))
-                raise CheckpointError(f"{model} and {delta} hold different tensors, e.g. {diff[0]}")
+            same_tensors(m, d, "point")
             for name in m.names():
                 if m.shape(name) != d.shape(name):
                     raise CheckpointError(f"tensor {name}: {model} shape {m.shape(name)} vs delta {d.shape(name)}")
@@ -124,3 +122,16 @@ def point_key(pt: Point, settings_key: str, memo: dict[str, str]) -> str:
                "lam": pt.lam if pt.delta else None}
     blob = json.dumps({"weights": weights, "point": pt.as_dict(), "settings": settings_key}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+POINT_LOADER = "graft.points.PointLoader"   # pass as worker_extension to open_generator to use load_point
+
+
+class PointLoader:
+    """Worker extension: streams a point's weights into the running model through ``reload_weights``. On vLLM each
+    worker runs it (``reload_weights`` re-runs the backend's post-load processing, e.g. the CPU weight repacking;
+    with tensor parallelism every worker reads the full tensors and keeps its shard); the HF generator runs the same
+    method on itself."""
+
+    def graft_load_point(self, model: str, delta: str | None, lam: float | None) -> None:
+        self.reload_weights(weights_iterator=point_tensors(model, delta, lam))

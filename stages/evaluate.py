@@ -26,7 +26,7 @@ from graft.evaluation import evaluate_model
 from graft.generation import SamplingSpec, open_generator
 import graft.modeling  # noqa: F401,E402  (the engines import it later; imported here so its hash is in the key)
 from graft.grading import grade_fact, grade_math
-from graft.points import Point, content_hash, point_key, sweep_points
+from graft.points import POINT_LOADER, Point, content_hash, point_key, sweep_points
 from graft.schema import load_all
 from graft.tables import read_table
 from graft.tensors import check_compatible
@@ -115,7 +115,7 @@ def main() -> None:
             raise FileNotFoundError(f"point {pt.name}: delta {pt.delta} is missing; run its stage")
 
     t0 = time.perf_counter()
-    generator = open_generator(models.post, gen, models.trust_remote_code)  # one engine for the whole sweep
+    generator = open_generator(models.post, gen, models.trust_remote_code, POINT_LOADER)  # one engine for the whole sweep
     engine_s = time.perf_counter() - t0
     timing = []
     try:

@@ -5,6 +5,7 @@ from graft.chat import render_prompt
 from graft.generation import HFGenerator, SamplingSpec
 from graft.merging import merge_into_dir, write_delta
 from graft.modeling import new_model, qwen3_config, save_model_dir
+from graft.points import POINT_LOADER
 
 PROMPTS = [render_prompt(q, True) for q in ("12+7=?", "reverse 1234", "300-7=?")]
 SAMPLED = SamplingSpec(n=2, temperature=1.0, top_p=1.0, max_new_tokens=12, seed=3)
@@ -32,7 +33,7 @@ def point_dirs(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
 
 def test_hf_point_loaded_in_place_equals_the_merged_directory(tiny_model_dir, point_dirs):
     delta, merged = point_dirs
-    gen = HFGenerator(tiny_model_dir, batch_size=8)
+    gen = HFGenerator(tiny_model_dir, batch_size=8, worker_extension=POINT_LOADER)
     before = gen.generate(PROMPTS, SAMPLED)
     gen.load_point(tiny_model_dir, delta, 0.7)
     shared = gen.generate(PROMPTS, SAMPLED)
@@ -41,6 +42,11 @@ def test_hf_point_loaded_in_place_equals_the_merged_directory(tiny_model_dir, po
     assert ids(shared) == ids(fresh.generate(PROMPTS, SAMPLED)) and ids(shared) != ids(before)
     gen.load_point(tiny_model_dir)  # back to the engine's own weights: the first samples again
     assert ids(gen.generate(PROMPTS, SAMPLED)) == ids(before)
+
+
+def test_load_point_needs_the_point_extension(tiny_model_dir):
+    with pytest.raises(RuntimeError, match="worker_extension"):
+        HFGenerator(tiny_model_dir).load_point(tiny_model_dir)
 
 
 def test_hf_seeded_rerun_reproduces_samples(tiny_model_dir):
@@ -97,7 +103,7 @@ def test_vllm_shared_engine_equals_a_fresh_engine_per_point(tiny_model_dir, poin
     from graft.generation import VLLMGenerator
 
     delta, merged = point_dirs
-    v = VLLMGenerator(tiny_model_dir, max_model_len=128)
+    v = VLLMGenerator(tiny_model_dir, max_model_len=128, worker_extension=POINT_LOADER)
     try:
         before = v.generate(PROMPTS, SAMPLED)
         v.load_point(tiny_model_dir, delta, 0.7)
