@@ -146,8 +146,10 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[
     KFAC eigen-directions) with the highest scores are removed; ties go to the earliest position in the delta's
     streaming order (``TensorReader.ordered_names``, row-major). Returns counts, the share of the kind's own score
     removed (for ``random`` that is a share of random keys, not a sensitivity), and, when the plan has a diagonal
-    Fisher, ``fisher_share_removed`` = sum F (delta - M(delta))^2 / sum F delta^2: the share of the Fisher-weighted
-    update each kind removes, measured in the same (diagonal) metric so the kinds compare."""
+    Fisher, the update's Fisher-weighted size in one (diagonal) metric for every kind, as fractions of sum F delta^2:
+    ``fisher_share_removed`` = sum F (delta - M(delta))^2 and ``fisher_share_kept`` = sum F M(delta)^2. They add up to
+    1 for entry masks (diagonal, random); a KFAC projection is not orthogonal in this metric, so there they need not
+    (the kept share is what the diagonal approximation says the old task feels)."""
     names = plan.delta.ordered_names()
     total = sum(_numel(plan.delta.shape(n)) for n in names)
     k = top_rho_count(total, rho) if plan.kind != "none" else 0
@@ -166,10 +168,10 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[
     else:
         selection = select_top_k(stream, k)
     stats = {"entries": total, "masked": 0, "score_total": 0.0, "score_masked": 0.0}
-    fisher_total = fisher_removed = 0.0
+    fisher_total = fisher_removed = fisher_kept = 0.0
 
     def produce(name: str) -> torch.Tensor:
-        nonlocal fisher_total, fisher_removed
+        nonlocal fisher_total, fisher_removed, fisher_kept
         sel_name, drop = next(selection)
         assert sel_name == name
         if k > 0:
@@ -185,12 +187,14 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[
             f = plan.fisher.get(name).double()
             fisher_total += float((f * d.double() ** 2).sum())
             fisher_removed += float((f * (d.double() - kept.double()) ** 2).sum())
+            fisher_kept += float((f * kept.double() ** 2).sum())
         return kept
 
     write_like(plan.delta, out_dir, torch.float32, produce)
     stats["score_share_masked"] = stats["score_masked"] / stats["score_total"] if stats["score_total"] else 0.0
     if plan.fisher is not None:
         stats["fisher_share_removed"] = fisher_removed / fisher_total if fisher_total else 0.0
+        stats["fisher_share_kept"] = fisher_kept / fisher_total if fisher_total else 0.0
     return stats
 
 

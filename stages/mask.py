@@ -42,7 +42,8 @@ def main() -> None:
         stats = write_masked_delta(plan, args.rho, tmp)
     write_json(f"reports/masks/{name}.json", {"kind": args.kind, "rho": args.rho, "lr": args.lr, "epoch": args.epoch, **stats})
     print(f"mask {name}: removed {stats['masked']}/{stats['entries']} directions, "
-          f"{stats['fisher_share_removed']:.1%} of the Fisher-weighted update (diagonal metric)")
+          f"Fisher-weighted size (diagonal metric) removed {stats['fisher_share_removed']:.1%}, "
+          f"kept {stats['fisher_share_kept']:.1%}")
 
 
 if __name__ == "__main__":

@@ -155,6 +155,8 @@ def test_masked_delta_counts_and_kinds(tmp_path):
     r_removed = sum(float((fisher[k] * (delta[k] - rout[k]) ** 2).double().sum()) for k in delta)
     assert rstats["fisher_share_removed"] == pytest.approx(r_removed / whole, rel=1e-6)
     assert rstats["fisher_share_removed"] < stats["fisher_share_removed"]   # the top-7 by score remove the most
+    for s in (stats, rstats):   # entry masks split the Fisher-weighted size exactly
+        assert s["fisher_share_removed"] + s["fisher_share_kept"] == pytest.approx(1.0, rel=1e-9)
     # random control: same count, seeded
     write_masked_delta(MaskPlan("random", dr, None, seed=3), 0.25, tmp_path / "r1")
     write_masked_delta(MaskPlan("random", dr, None, seed=3), 0.25, tmp_path / "r2")
@@ -176,6 +178,8 @@ def test_masked_delta_counts_and_kinds(tmp_path):
     torch.testing.assert_close(out[w], kfac_project(delta[w], U, Vm, ref[w]))
     k_removed = sum(float((fisher[k] * (delta[k] - out[k]) ** 2).double().sum()) for k in delta)
     assert stats["fisher_share_removed"] == pytest.approx(k_removed / whole, rel=1e-5)
+    k_kept = sum(float((fisher[k] * out[k] ** 2).double().sum()) for k in delta)
+    assert stats["fisher_share_kept"] == pytest.approx(k_kept / whole, rel=1e-5)
     assert torch.equal(out["model.norm.weight"], delta["model.norm.weight"].masked_fill(ref["model.norm.weight"], 0.0))
 
 
