@@ -34,7 +34,8 @@ COPIED = ["reports/points.parquet", "reports/pareto.png", "reports/diagnostics/s
           "reports/diagnostics/interpolation.png", "reports/metrics.json"]
 # the lambda families (post is their lambda = 0 point) and the checks the issue names
 LAM_METHODS = ["graft", "sft_merge", "graft_diagonal", "graft_kfac", "graft_random"]
-CHECKS = {"graft > sft_merge": ("graft", "sft_merge"), "graft_diagonal > graft": ("graft_diagonal", "graft"),
+CHECKS = {"graft > sft_merge": ("graft", "sft_merge"), "sft_merge > graft": ("sft_merge", "graft"),
+          "graft_diagonal > graft": ("graft_diagonal", "graft"),
           "graft_kfac > graft": ("graft_kfac", "graft"), "graft_diagonal > graft_random": ("graft_diagonal",
                                                                                          "graft_random")}
 
@@ -134,10 +135,11 @@ def main() -> None:
                 if not ok:
                     (run / "failed.txt").write_text(log)
                     continue
-                for path in [*map(Path, COPIED), *sorted(Path("reports/fisher_share").glob("*.json"))]:
-                    if path.exists():
-                        shutil.copyfile(path, run / (path.name if path.parent.name != "fisher_share"
-                                                     else f"fisher_share_{path.name}"))
+                for path in [*map(Path, COPIED), *sorted(Path("reports/fisher_share").glob("*.json")),
+                             *sorted(Path("reports/masks").glob("*.json"))]:
+                    if path.exists():  # prefixed by folder: reports/diagnostics/summary.json is not our summary
+                        prefix = "" if path.parent.name == "reports" else f"{path.parent.name}_"
+                        shutil.copyfile(path, run / f"{prefix}{path.name}")
                 summary = summarise(pd.read_parquet("reports/points.parquet"))  # checks redone by write_summary
                 data = Path(f"data/offpolicy/{source}.parquet")
                 summary.update(seed=seed, source=source, wall_s=round(wall),
