@@ -107,6 +107,7 @@ class MaskPlan:
         if self.kfac is not None:
             self.kfac_names = {k[: -len(".P_eigvecs")] for k in self.kfac.names() if k.endswith(".P_eigvecs")}
         self._cached: tuple[str, tuple] | None = None
+        self._fisher_cached: tuple[str, torch.Tensor] | None = None
         for name in sorted(self.kfac_names):
             if name not in delta:
                 raise CheckpointError(f"KFAC factors for {name}, which the delta does not hold")
@@ -127,12 +128,21 @@ class MaskPlan:
                                    r.get(f"{name}.Q_eigvecs"), r.get(f"{name}.Q_eigvals")))
         return self._cached[1]
 
+    def fisher_tensor(self, name: str) -> torch.Tensor | None:
+        """The diagonal Fisher of one tensor; the last one read is kept, since scoring and the mask's statistics
+        follow each other."""
+        if self.fisher is None:
+            return None
+        if self._fisher_cached is None or self._fisher_cached[0] != name:
+            self._fisher_cached = (name, self.fisher.get(name))
+        return self._fisher_cached[1]
+
     def scores(self, name: str, d: torch.Tensor) -> torch.Tensor:
         if self.kind == "random":
             return random_scores(name, list(d.shape), self.seed)
         if name in self.kfac_names:
             return kfac_scores(d, *self.eigen(name))
-        return diagonal_score(self.fisher.get(name), d, name)
+        return diagonal_score(self.fisher_tensor(name), d, name)
 
     def project(self, name: str, d: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
         if name in self.kfac_names:
@@ -184,7 +194,7 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[
         stats["masked"] += int(drop.sum())
         kept = plan.project(name, d, drop)
         if plan.fisher is not None:
-            f = plan.fisher.get(name).double()
+            f = plan.fisher_tensor(name).double()
             fisher_total += float((f * d.double() ** 2).sum())
             fisher_removed += float((f * (d.double() - kept.double()) ** 2).sum())
             fisher_kept += float((f * kept.double() ** 2).sum())

@@ -140,10 +140,9 @@ def main() -> None:
                     if path.exists():  # prefixed by folder: reports/diagnostics/summary.json is not our summary
                         prefix = "" if path.parent.name == "reports" else f"{path.parent.name}_"
                         shutil.copyfile(path, run / f"{prefix}{path.name}")
-                summary = summarise(pd.read_parquet("reports/points.parquet"))  # checks redone by write_summary
-                data = Path(f"data/offpolicy/{source}.parquet")
-                summary.update(seed=seed, source=source, wall_s=round(wall),
-                               rows=len(pd.read_parquet(data)) if data.exists() else None)
+                data = Path(f"data/offpolicy/{source}.parquet")  # points and checks: added by write_summary
+                summary = {"seed": seed, "source": source, "wall_s": round(wall),
+                           "rows": len(pd.read_parquet(data)) if data.exists() else None}
                 (run / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     write_summary(OUT)
 
