@@ -3,7 +3,8 @@
 For every DVC experiment (refs/exps) and the HEAD commit, reads its params (world.seed, finetune.source) and the
 samples table of each point from the DVC cache, and counts, per point, the share of `add` samples whose think block
 is a column *subtraction* (`d-d`) trace, and the share of new-task (subtraction) samples answered with an addition
-(`d+d`) trace: the routing share epsilon of the paper's section 3, for base (t = 0), post and every point. Toy-world specific: this is a research probe, not a pipeline stage.
+(`d+d`) trace: the routing share epsilon of the paper's section 3, for base (t = 0), post and every point.
+Toy-world specific: this is a research probe, not a pipeline stage.
 
     python research/operator_confusion.py            # -> research/scenarios/operator_confusion.parquet and a table
 """
