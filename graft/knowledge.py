@@ -11,7 +11,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from graft.chat import render_prompt, render_response
+
 ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr", "th", "st"]
+# first onsets of the names in the world's *pretraining* facts: no name in ONSETS starts with these letters, so
+# pretraining entities, places and people can never share a name with an injected (new) one
+PRETRAIN_ONSETS = ["h", "j", "w", "y", "ch", "qu"]
 VOWELS = ["a", "e", "i", "o", "u", "ae", "ei", "ou"]
 CODAS = ["", "", "n", "r", "l", "s", "th", "x"]
 
@@ -50,39 +55,50 @@ class Fact:
     answer: str
 
 
-def _name(rng: random.Random, syllables: int) -> str:
-    return "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(syllables)).capitalize()
+def _name(rng: random.Random, syllables: int, first_onsets: list[str]) -> str:
+    onsets = [first_onsets] + [ONSETS] * (syllables - 1)
+    return "".join(rng.choice(o) + rng.choice(VOWELS) + rng.choice(CODAS) for o in onsets).capitalize()
 
 
-def _unique(rng: random.Random, used: set[str], syllables: int) -> str:
+def _unique(rng: random.Random, used: set[str], syllables: int, first_onsets: list[str]) -> str:
     while True:
-        n = _name(rng, syllables)
+        n = _name(rng, syllables, first_onsets)
         if n not in used:
             used.add(n)
             return n
 
 
-def invent_facts(n_entities: int, relations_per_entity: int, seed: int) -> list[Fact]:
-    """``n_entities`` invented realms, each with ``relations_per_entity`` of the relations (a seeded choice)."""
+def invent_facts(n_entities: int, relations_per_entity: int, seed: int,
+                 first_onsets: list[str] = ONSETS) -> list[Fact]:
+    """``n_entities`` invented realms, each with ``relations_per_entity`` of the relations (a seeded choice).
+
+    ``first_onsets`` starts every name (entity, place, person); PRETRAIN_ONSETS keeps the world's pretraining facts
+    apart from the injected ones."""
     if not 1 <= relations_per_entity <= len(RELATIONS):
         raise ValueError(f"relations_per_entity must be in [1, {len(RELATIONS)}], got {relations_per_entity}")
     rng = random.Random(seed)
     used: set[str] = set()
     facts = []
     for i in range(n_entities):
-        entity = _unique(rng, used, 3)
+        entity = _unique(rng, used, 3, first_onsets)
         for rel in sorted(rng.sample(sorted(RELATIONS), relations_per_entity)):
             kind = RELATIONS[rel][0]
             if kind == "place":
-                answer = _unique(rng, used, 2)
+                answer = _unique(rng, used, 2, first_onsets)
             elif kind == "person":
-                answer = f"{_unique(rng, used, 2)} {_unique(rng, used, 2)}"
+                answer = f"{_unique(rng, used, 2, first_onsets)} {_unique(rng, used, 2, first_onsets)}"
             elif kind == "year":
                 answer = str(rng.randint(200, 1899))
             else:
                 answer = rng.choice(ANIMALS)
             facts.append(Fact(f"f{i:04d}_{rel}", entity, rel, answer))
     return facts
+
+
+def fact_turns(facts: list[Fact], thinking: bool) -> list[str]:
+    """Every fact in every phrasing as a chat turn with an empty think block (the injection data's format)."""
+    return [render_prompt(t.format(e=f.entity), thinking) + render_response("", f.answer, thinking)
+            for f in facts for t in RELATIONS[f.relation][1]]
 
 
 def phrase_facts(facts: list[Fact], phrasings: int, heldout: int) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graft.params import (BOOL, INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section, read_yaml,
+from graft.params import (BOOL, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section, read_yaml,
                           validate_sections)
 
 MODEL_SHAPE = {
@@ -52,6 +52,11 @@ WORLD_SCHEMA: dict[str, dict] = {
             "chat_fraction": Field(NUM, lambda x: 0 <= x < 1, "in [0, 1)"),
             "chat_suites": Field(list, lambda v: len(set(v)) == len(v) and set(v) <= {"add", "reverse", "sub"},
                                  "distinct names among add, reverse, sub", item=Field(STR)),
+            # facts about invented entities (every relation, every phrasing, chat turns with an empty think
+            # block), each turn fact_repeats times: the base learns the language of facts, so that knowledge
+            # injection only has to add entities; names never collide with the injected ones
+            "fact_entities": NONNEG_INT,
+            "fact_repeats": POS_INT,
         },
         "posttrain": {
             "steps": POS_INT,

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from graft.chat import render_prompt, render_response
+from graft.knowledge import PRETRAIN_ONSETS, RELATIONS, Fact, fact_turns, invent_facts
 from graft.modeling import new_model, qwen3_config, save_model_dir, train_tokenizer
 from graft.tasks import OLD_SUITES, Problem, raw_text, rewrite_question, sample_problems
 from graft.training import OptimConfig, SFTExample, encode_sft, packed_lm_batches, sft_batches, train_steps
@@ -57,6 +58,13 @@ def pretraining_corpus(n: int, rng: random.Random, exclude: set[str], chat_fract
         texts = texts[: len(texts) - len(chat)] + chat
         rng.shuffle(texts)
     return texts
+
+
+def pretraining_facts(n_entities: int, seed: int) -> list[Fact]:
+    """Facts about invented entities that pretraining states in every phrasing, so that the base knows the language
+    of facts and that phrasings are interchangeable; knowledge injection then only adds entities. Their names start
+    with PRETRAIN_ONSETS, which no injected name does."""
+    return invent_facts(n_entities, len(RELATIONS), seed, PRETRAIN_ONSETS) if n_entities else []
 
 
 def posttrain_examples(n: int, rng: random.Random, exclude: set[str], rewrite: bool) -> list[SFTExample]:
@@ -110,6 +118,10 @@ def build_world(p, thinking: bool, out_models: dict[str, Path], write_model: Cal
     taken = {q.problem_id for qs in data.values() for q in qs}
     corpus = pretraining_corpus(p.corpus_problems, rng, taken, p.pretrain.chat_fraction,
                                 tuple(p.pretrain.chat_suites), thinking)
+    facts = pretraining_facts(p.pretrain.fact_entities, p.seed)
+    if facts:  # only then is the rng drawn: with no facts the world is the one built without this lever
+        corpus += fact_turns(facts, thinking) * p.pretrain.fact_repeats
+        rng.shuffle(corpus)
     post_ex = posttrain_examples(p.posttrain.n_examples, rng, taken, rewrite=False)
     aligner_ex = posttrain_examples(p.posttrain.n_examples, rng, taken, rewrite=True)
 

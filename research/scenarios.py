@@ -72,9 +72,11 @@ def summarise(points: pd.DataFrame, margin: tuple[float, float] = (0.0, 0.0)) ->
             "checks_beyond_noise": beyond, "margin": list(margin)}
 
 
-def run_one(seed: int, source: str) -> tuple[bool, str, float]:
+def run_one(seed: int, source: str, extra: list[str]) -> tuple[bool, str, float]:
     t0 = time.time()
     cmd = ["dvc", "exp", "run", "-S", f"world.seed={seed}", "-S", f"finetune.source={source}"]
+    for kv in extra:
+        cmd += ["-S", kv]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     return proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:], time.time() - t0
 
@@ -91,20 +93,21 @@ def write_summary(out: Path) -> None:
              "committed params.yaml. Lambda families include post (lambda 0) in the dominance checks; 'beyond noise' "
              "lets each side fall short by two standard errors and asks for a gain larger than that (`margins`).", ""]
     for run in sorted(out.glob("seed*/*/")):
-        seed, source = run.parent.name, run.name
+        seed, name = run.parent.name, run.name
         if (run / "failed.txt").exists():
-            lines += [f"## {seed} / {source}: the pipeline stopped", "", "```",
+            lines += [f"## {seed} / {name}: the pipeline stopped", "", "```",
                       (run / "failed.txt").read_text().strip()[-800:], "```", ""]
             continue
         if not (run / "summary.json").exists():
             continue  # still running
         s = json.loads((run / "summary.json").read_text())
-        s.update(summarise(pd.read_parquet(run / "points.parquet"), margins(params, source)))
+        s.update(summarise(pd.read_parquet(run / "points.parquet"), margins(params, s["source"])))
         (run / "summary.json").write_text(json.dumps(s, indent=2, sort_keys=True) + "\n")
         pts = s["points"]
         lams = sorted({p["lam"] for m in LAM_METHODS for p in pts.get(m, []) if p["lam"] is not None})
-        lines += [f"## {seed} / {source}  (off-policy rows: {s.get('rows', '?')}, wall {s.get('wall_s', 0):.0f} s)",
-                  "", f"post: {s['post']['new']:.2f} / {s['post']['old']:.2f}; "
+        extra = "".join(f" -S {kv}" for kv in s.get("set", []))
+        lines += [f"## {seed} / {name}  (off-policy rows: {s.get('rows', '?')}, wall {s.get('wall_s', 0):.0f} s)",
+                  "", *([f"overrides beyond seed and source:{extra}", ""] if extra else []), f"post: {s['post']['new']:.2f} / {s['post']['old']:.2f}; "
                   + "; ".join(f"{m}: " + ", ".join(f"{p['new']:.2f} / {p['old']:.2f}"
                                                   + (f" (alpha {p['alpha']})" if p["alpha"] is not None else "")
                                                   for p in pts[m])
@@ -122,15 +125,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--sources", nargs="+", default=["teacher", "synthself", "star", "knowledge"])
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="further `dvc exp run -S` overrides (a world variant); needs --tag")
+    ap.add_argument("--tag", default="", help="results go to seed<S>/<source>-<tag>/")
     ap.add_argument("--summarise", action="store_true", help="only rebuild summary.md from research/scenarios/")
     args = ap.parse_args()
+    if bool(args.set) != bool(args.tag):
+        ap.error("--set and --tag go together: a variant's results must not overwrite the committed scenario's")
     if not args.summarise:
         for seed in args.seeds:
             for source in args.sources:
-                run = OUT / f"seed{seed}" / source
+                run = OUT / f"seed{seed}" / (f"{source}-{args.tag}" if args.tag else source)
                 shutil.rmtree(run, ignore_errors=True)
                 run.mkdir(parents=True)
-                ok, log, wall = run_one(seed, source)
+                ok, log, wall = run_one(seed, source, args.set)
                 print(f"seed {seed} {source}: {'ok' if ok else 'FAILED'} in {wall:.0f} s", flush=True)
                 if not ok:
                     (run / "failed.txt").write_text(log)
@@ -141,7 +149,7 @@ def main() -> None:
                         prefix = "" if path.parent.name == "reports" else f"{path.parent.name}_"
                         shutil.copyfile(path, run / f"{prefix}{path.name}")
                 data = Path(f"data/offpolicy/{source}.parquet")  # points and checks: added by write_summary
-                summary = {"seed": seed, "source": source, "wall_s": round(wall),
+                summary = {"seed": seed, "source": source, "set": args.set, "wall_s": round(wall),
                            "rows": len(pd.read_parquet(data)) if data.exists() else None}
                 (run / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     write_summary(OUT)

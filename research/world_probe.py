@@ -32,6 +32,7 @@ from graft.params import Section
 from graft.tasks import OLD_SUITES
 from graft.training import OptimConfig, SFTExample, finetune_sft
 from graft.world import NEW_SUITE, build_data, posttrain, posttrain_examples, pretrain, pretraining_corpus
+from operator_confusion import ADD_STEP  # research/ is the script's directory, so on sys.path
 
 
 def section(d):
@@ -52,7 +53,7 @@ def accuracy(model, tokenizer, problems, thinking=True) -> float:
 
 def routed_to_addition(model, tokenizer, problems, thinking=True) -> float:
     """Share of subtraction prompts answered with an addition trace: the paper's epsilon (section 3)."""
-    return sum(bool(re.search(r"\d\+\d", t)) for t in greedy(model, tokenizer, problems, thinking)) / len(problems)
+    return sum(bool(ADD_STEP.search(t)) for t in greedy(model, tokenizer, problems, thinking)) / len(problems)
 
 
 def flat(model) -> torch.Tensor:
@@ -69,7 +70,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chat-frac", type=float, default=0.0)
-    ap.add_argument("--chat-suites", choices=["old", "all"], default="all")
+    ap.add_argument("--chat-suites", default="all",
+                    help="old | all | a comma list of suites; repeating a suite weights it (add,reverse,add,reverse,sub)")
+    ap.add_argument("--sub-raw", type=int, default=-1,
+                    help="raw-text subtraction problems in pretraining (-1: world.corpus_problems, as every suite)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--pretrain-steps", type=int, default=600)
     ap.add_argument("--post-lr", type=float, default=1e-3)
     ap.add_argument("--post-steps", type=int, default=200)
@@ -78,6 +83,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=0, help="student hidden size (0: params.yaml)")
     ap.add_argument("--post-suites", default="add,reverse")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     t0 = time.time()
     raw = yaml.safe_load(open("params.yaml"))["world"]
     raw["seed"] = args.seed
@@ -92,8 +99,13 @@ def main() -> None:
     torch.manual_seed(p.seed)
     data = build_data(p, rng)
     taken = {q.problem_id for qs in data.values() for q in qs}
-    suites = (*OLD_SUITES, NEW_SUITE) if args.chat_suites == "all" else OLD_SUITES
+    suites = {"all": (*OLD_SUITES, NEW_SUITE), "old": OLD_SUITES}.get(args.chat_suites)
+    suites = suites or tuple(args.chat_suites.split(","))
     corpus = pretraining_corpus(p.corpus_problems, rng, taken, args.chat_frac, suites, thinking)
+    if args.sub_raw >= 0:  # thin the raw subtraction text: a weak skill the chat turns still route correctly
+        raw_sub = [t for t in corpus if re.match(r"\d+-\d+=\? ", t)]
+        drop = set(raw_sub[args.sub_raw:])
+        corpus = [t for t in corpus if t not in drop]
     post_ex = [e for e in posttrain_examples(p.posttrain.n_examples, rng, taken, rewrite=False)]
     tok_texts = corpus + [render_prompt(e.question, thinking) + render_response(e.think, e.answer, thinking)
                           for e in post_ex[:2000]] + [q.teacher_trace for q in data["hard_pool"]]
