@@ -73,7 +73,9 @@ def main() -> None:
 
     injected = invent_facts(kp["entities"], kp["relations_per_entity"], kp["seed"])
     inj_names = {f.entity for f in injected} | {f.answer for f in injected}
-    # pretraining entities: a different seed; drop any whose name or answer collides with the injected world
+    # pretraining entities: a different seed; drop any whose name or answer collides with the injected world (this
+    # also drops every fact whose answer is an animal or a year any injected fact has). The pipeline's lever
+    # (world.pretrain.fact_entities, graft.world.pretraining_facts) keeps all facts and keeps *names* apart instead.
     pre = [f for f in invent_facts(args.fact_entities, kp["relations_per_entity"], 10_000 + p.seed)
            if f.entity not in inj_names and f.answer not in inj_names]
     pre_train, pre_held = phrase_facts(pre, kp["phrasings"], kp["heldout_phrasings"])
