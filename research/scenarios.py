@@ -10,10 +10,12 @@ Run from the repository root with the venv active, on a clean commit:
     python research/scenarios.py --seeds 0 1 --sources teacher synthself star knowledge
 
 A world variant (further `-S` overrides, hydra syntax) goes to seed<S>/<source>-<tag>/, e.g. the pretraining-facts
-world for knowledge injection at finetune lr 1e-3 (the export point must name a delta that lr produces):
+world for knowledge injection at finetune lr 1e-3 (the export point must name a delta that lr produces; that
+world's tokenizer also spends tokens on English, so OPSD's teacher prompts need finetune.max_len 256):
 
     python research/scenarios.py --seeds 0 1 --sources knowledge --tag facts --set \
-        world.pretrain.fact_entities=100 world.pretrain.fact_repeats=2 'finetune.lrs=[0.001]' '~export.points' \
+        world.pretrain.fact_entities=100 world.pretrain.fact_repeats=2 'finetune.lrs=[0.001]' finetune.max_len=256 \
+        '~export.points' \
         '+export.points={graft_kfac_lam0.5_rho0.05_lr0.001_ep10: {delta: tensors/masked/kfac_rho0.05_lr0.001_ep10, lam: 0.5}}'
 
 It changes the workspace (each experiment's outputs stay there; the experiments are kept by DVC, see
