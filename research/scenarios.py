@@ -152,8 +152,11 @@ def main() -> None:
                 if not ok:
                     (run / "failed.txt").write_text(log)
                     continue
-                for path in [*map(Path, COPIED), *sorted(Path("reports/fisher_share").glob("*.json")),
-                             *sorted(Path("reports/masks").glob("*.json"))]:
+                # per-lr reports of this run only: other lrs' files stay in the workspace from earlier runs
+                lrs = yaml.safe_load(Path("params.yaml").read_text())["finetune"]["lrs"]
+                mine = [p for d in ("fisher_share", "masks") for p in sorted(Path("reports", d).glob("*.json"))
+                        if any(f"lr{lr}_" in p.name for lr in lrs)]
+                for path in [*map(Path, COPIED), *mine]:
                     if path.exists():  # prefixed by folder: reports/diagnostics/summary.json is not our summary
                         prefix = "" if path.parent.name == "reports" else f"{path.parent.name}_"
                         shutil.copyfile(path, run / f"{prefix}{path.name}")
