@@ -97,7 +97,8 @@ def main() -> None:
     inj_train, inj_held = phrase_facts(injected, kp["phrasings"], kp["heldout_phrasings"])
     held = [QA(r.question, r.answer) for r in inj_held.itertuples()][:128]
     seen = [QA(r.question, r.answer) for r in inj_train.sample(n=min(128, len(inj_train)), random_state=0).itertuples()]
-    pre_probe = [QA(r.question, r.answer) for r in pre_held.sample(n=min(128, len(pre_held)), random_state=0).itertuples()]
+    pre_probe = [QA(r.question, r.answer)
+                 for r in pre_held.sample(n=min(128, len(pre_held)), random_state=0).itertuples()]
     old = {s: data[s] for s in OLD_SUITES}
 
     def scores(m) -> dict:
@@ -107,7 +108,8 @@ def main() -> None:
 
     wb, wp = flat(base), flat(post)
     out = {"args": vars(args), "pretrain_facts": len(pre), "rel_change_post": float((wp - wb).norm() / wb.norm()),
-           "pretrain_fact_recall": {"base": recall(base, tokenizer, pre_probe), "post": recall(post, tokenizer, pre_probe)},
+           "pretrain_fact_recall": {"base": recall(base, tokenizer, pre_probe),
+                                    "post": recall(post, tokenizer, pre_probe)},
            "base": scores(base), "post": scores(post)}
     # injection mix as the pipeline builds it: QA pairs with an empty think block + math traces that keep thinking
     replay = [SFTExample(q.question, q.teacher_trace, q.answer) for q in data["hard_pool"][:224]]

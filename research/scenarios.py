@@ -115,8 +115,10 @@ def write_summary(out: Path) -> None:
         pts = s["points"]
         lams = sorted({p["lam"] for m in LAM_METHODS for p in pts.get(m, []) if p["lam"] is not None})
         extra = "".join(f" -S {kv}" for kv in s.get("set", []))
-        lines += [f"## {seed} / {name}  (off-policy rows: {s.get('rows', '?')}, wall {s.get('wall_s', 0):.0f} s)",
-                  "", *([f"overrides beyond seed and source:{extra}", ""] if extra else []), f"post: {s['post']['new']:.2f} / {s['post']['old']:.2f}; "
+        lines += [f"## {seed} / {name}  (off-policy rows: {s.get('rows', '?')}, wall {s.get('wall_s', 0):.0f} s)", ""]
+        if extra:
+            lines += [f"overrides beyond seed and source:{extra}", ""]
+        lines += [f"post: {s['post']['new']:.2f} / {s['post']['old']:.2f}; "
                   + "; ".join(f"{m}: " + ", ".join(f"{p['new']:.2f} / {p['old']:.2f}"
                                                   + (f" (alpha {p['alpha']})" if p["alpha"] is not None else "")
                                                   for p in pts[m])
@@ -154,9 +156,9 @@ def main() -> None:
                     continue
                 # per-lr reports of this run only: other lrs' files stay in the workspace from earlier runs
                 lrs = yaml.safe_load(Path("params.yaml").read_text())["finetune"]["lrs"]
-                mine = [p for d in ("fisher_share", "masks") for p in sorted(Path("reports", d).glob("*.json"))
+                this_run = [p for d in ("fisher_share", "masks") for p in sorted(Path("reports", d).glob("*.json"))
                         if any(f"lr{lr}_" in p.name for lr in lrs)]
-                for path in [*map(Path, COPIED), *mine]:
+                for path in [*map(Path, COPIED), *this_run]:
                     if path.exists():  # prefixed by folder: reports/diagnostics/summary.json is not our summary
                         prefix = "" if path.parent.name == "reports" else f"{path.parent.name}_"
                         shutil.copyfile(path, run / f"{prefix}{path.name}")

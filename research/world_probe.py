@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chat-frac", type=float, default=0.0)
     ap.add_argument("--chat-suites", default="all",
-                    help="old | all | a comma list of suites; repeating a suite weights it (add,reverse,add,reverse,sub)")
+                    help="old | all | a comma list of suites; repeating one weights it: add,reverse,add,reverse,sub")
     ap.add_argument("--sub-raw", type=int, default=-1,
                     help="raw-text subtraction problems in pretraining (-1: world.corpus_problems, as every suite)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
