@@ -26,3 +26,10 @@ def test_frontier_dominates_beyond_a_margin():
     assert frontier_dominates(graft + [(0.30, 0.60)], sft_merge, margin=(0.09, 0.06))
     # within the margin a point may fall short and still cover
     assert frontier_dominates([(0.28, 0.62), (0.5, 0.5)], [(0.3, 0.6), (0.2, 0.3)], margin=(0.05, 0.05))
+
+
+def test_pareto_axis_names_what_the_new_task_measures():
+    from stages.report import new_task_axis
+    assert "injected facts" in new_task_axis("knowledge") and "greedy" in new_task_axis("knowledge")
+    for source in ("teacher", "star", "synthself", "external"):
+        assert "mined problems" in new_task_axis(source)
