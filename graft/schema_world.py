@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graft.params import (BOOL, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section, read_yaml,
-                          validate_sections)
+from graft.params import (BOOL, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section,
+                          read_yaml, validate_sections)
 
 MODEL_SHAPE = {
     "hidden_size": POS_INT,

@@ -109,7 +109,8 @@ def posttrain(model, tokenizer, examples: list[SFTExample], pp, thinking: bool, 
     return train_steps(model, lambda s: batches[s], len(batches), OptimConfig(lr=lr), desc)
 
 
-def build_world(p, thinking: bool, out_models: dict[str, Path], write_model: Callable[[torch.nn.Module, object, Path], None]
+def build_world(p, thinking: bool, out_models: dict[str, Path],
+                write_model: Callable[[torch.nn.Module, object, Path], None]
                 ) -> tuple[dict[str, pd.DataFrame], dict[str, list[float]]]:
     """Build everything; ``write_model`` saves each model as soon as it exists. Returns tables and loss curves."""
     rng = random.Random(p.seed)

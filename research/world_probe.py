@@ -126,7 +126,8 @@ def main() -> None:
     wb, wp = flat(base), flat(post)
     out = {"args": vars(args), "rel_change_post": float((wp - wb).norm() / wb.norm()),
            "base": scores(base), "post": scores(post),
-           "epsilon": {"base": routed_to_addition(base, tokenizer, held), "post": routed_to_addition(post, tokenizer, held)}}
+           "epsilon": {"base": routed_to_addition(base, tokenizer, held),
+                       "post": routed_to_addition(post, tokenizer, held)}}
     out["base_to_post"] = {t: scores(with_weights(base, wb + t * (wp - wb)))["old"] for t in (0.25, 0.5, 0.75)}
     ft_ex = [SFTExample(q.question, q.student_trace, q.answer) for q in train]
     cfg = OptimConfig(lr=args.ft_lr)

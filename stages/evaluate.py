@@ -115,7 +115,8 @@ def main() -> None:
             raise FileNotFoundError(f"point {pt.name}: delta {pt.delta} is missing; run its stage")
 
     t0 = time.perf_counter()
-    generator = open_generator(models.post, gen, models.trust_remote_code, POINT_LOADER)  # one engine for the whole sweep
+    # one engine for the whole sweep
+    generator = open_generator(models.post, gen, models.trust_remote_code, POINT_LOADER)
     engine_s = time.perf_counter() - t0
     timing = []
     try:

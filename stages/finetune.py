@@ -56,7 +56,8 @@ def main() -> None:
         live_dir=Path(f"reports/finetune/live/{name}"))
     if info.main:
         write_json(f"reports/finetune/{name}.json", log.curve)  # a list of records: what `dvc plots` reads
-        write_parquet(f"reports/timing/finetune_{name}.parquet", pd.DataFrame(log.timing).assign(method="graft" if args.target == "donor" else "sft"))
+        method = "graft" if args.target == "donor" else "sft"
+        write_parquet(f"reports/timing/finetune_{name}.parquet", pd.DataFrame(log.timing).assign(method=method))
         print(f"finetune {name}: {len(encoded)} examples, {len(log.curve)} steps, "
               f"final loss {log.curve[-1]['loss']:.4f}")
 

@@ -38,7 +38,8 @@ def main() -> None:
         require(args.epoch, allp["sweep"].epochs, "sweep.epochs", "--epoch")
         model_dir = f"models/finetuned/sft_lr{args.lr}/epoch{args.epoch}"
         # the new task's training prompts: facts for knowledge injection, mined problems otherwise
-        prompts_table = (read_table("data/knowledge/train.parquet", "problems") if allp["finetune"].source == "knowledge"
+        prompts_table = (read_table("data/knowledge/train.parquet", "problems")
+                         if allp["finetune"].source == "knowledge"
                          else read_table("data/mined/train.parquet", "hard_pool"))
         which = f"new_{run_tag(args.lr, args.epoch)}"
     questions = [prompts_table["question"][i % len(prompts_table)] for i in range(p.n_rollouts)]

@@ -40,7 +40,8 @@ def main() -> None:
         # every kind gets the diagonal Fisher: random ignores it for selection but reports what it removes
         plan = MaskPlan(args.kind, delta, fisher, kfac, p.random_seed)
         stats = write_masked_delta(plan, args.rho, tmp)
-    write_json(f"reports/masks/{name}.json", {"kind": args.kind, "rho": args.rho, "lr": args.lr, "epoch": args.epoch, **stats})
+    write_json(f"reports/masks/{name}.json",
+               {"kind": args.kind, "rho": args.rho, "lr": args.lr, "epoch": args.epoch, **stats})
     print(f"mask {name}: removed {stats['masked']}/{stats['entries']} directions, "
           f"Fisher-weighted size (diagonal metric) removed {stats['fisher_share_removed']:.1%}, "
           f"kept {stats['fisher_share_kept']:.1%}")

@@ -29,7 +29,8 @@ def main() -> None:
         raise ValueError(f"--name {name} is not a key of params.yaml synthself.aligners {sorted(p.aligners)}")
     model_dir = models.post if name == "student" else p.aligners[name]
     train = read_table("data/mined/train.parquet", "hard_pool")
-    prompts = [render_prompt(rewrite_question(q, s), chat.thinking) for q, s in zip(train["question"], train["solution"])]
+    prompts = [render_prompt(rewrite_question(q, s), chat.thinking)
+               for q, s in zip(train["question"], train["solution"])]
     generator = open_generator(model_dir, gen, models.trust_remote_code)
     outs = generator.generate(prompts, SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=p.max_new_tokens,
                                                     seed=0))

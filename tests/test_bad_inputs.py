@@ -52,7 +52,8 @@ def edit_params(box: Path, fn) -> None:
 
 
 def fails(stage: str, argv: list[str], monkeypatch, capsys, box: Path, outputs: list[str]) -> str:
-    """Run ``python -m stages.<stage> argv`` in-process; return its one-line error after checking nothing was written."""
+    """Run ``python -m stages.<stage> argv`` in-process; return its one-line error after checking nothing was
+    written."""
     before = {p for p in box.rglob("*")}
     mod = importlib.import_module(f"stages.{stage}")
     monkeypatch.setattr(sys, "argv", [f"{stage}.py", *argv])

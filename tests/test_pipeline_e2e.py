@@ -132,7 +132,8 @@ def test_new_lambda_evaluates_only_the_new_points(repo):
     assert ran_stages(log) == {"evaluate", "report"}
     # graft, SFT+merge and three masks at 0.75 are new; the lam 1.0 points are removed from the results
     assert "evaluate: 5 of 15 points to score" in log
-    assert not list((repo / "reports/points").glob("*lam1.0*")) and not list((repo / "reports/samples").glob("*lam1.0*"))
+    assert not list((repo / "reports/points").glob("*lam1.0*"))
+    assert not list((repo / "reports/samples").glob("*lam1.0*"))
     assert {f.name: f.read_bytes() for f in (repo / "reports/points").glob("*lam0.5*.json")} == before
     points = pd.read_parquet(repo / "reports/points.parquet")
     assert sorted(points.lam.dropna().unique()) == [0.5, 0.75]

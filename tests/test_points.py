@@ -33,8 +33,8 @@ def test_sweep_points_cover_the_grid_with_the_dvc_names():
     graft_masked = [pt for pt in pts if pt.method.startswith("graft_")]
     assert len(graft_masked) == 2 * 2 * 2 * n_runs
     pt = find_point(pts, "graft_kfac_lam1.0_rho0.1_lr0.001_ep10")
-    assert (pt.model, pt.delta, pt.lam, pt.rho, pt.mask) == (p["models"].post, "tensors/masked/kfac_rho0.1_lr0.001_ep10",
-                                                              1.0, 0.1, "kfac")
+    assert (pt.model, pt.delta, pt.lam, pt.rho, pt.mask) == (
+        p["models"].post, "tensors/masked/kfac_rho0.1_lr0.001_ep10", 1.0, 0.1, "kfac")
     assert find_point(pts, "sft_merge_lam0.5_lr0.001_ep10").delta == "tensors/delta/sft_lr0.001_ep10"
     assert find_point(pts, "post").delta is None
     with pytest.raises(KeyError, match="not in the sweep"):
@@ -44,7 +44,8 @@ def test_sweep_points_cover_the_grid_with_the_dvc_names():
 def test_every_point_name_matches_a_stage_output_path_in_dvc_yaml():
     """dvc.yaml spells the delta/mask/model paths the points read; a renamed stage output would break this."""
     text = (REPO / "dvc.yaml").read_text()
-    for pattern in ("tensors/delta/graft_lr${item.lr}_ep${item.epoch}", "tensors/delta/sft_lr${item.lr}_ep${item.epoch}",
+    for pattern in ("tensors/delta/graft_lr${item.lr}_ep${item.epoch}",
+                    "tensors/delta/sft_lr${item.lr}_ep${item.epoch}",
                     "tensors/masked/${item.kind}_rho${item.rho}_lr${item.lr}_ep${item.epoch}",
                     "models/merged/fisher_merge_lam${item.lam}_lr${item.lr}_ep${item.epoch}",
                     "models/opsd/alpha${item.alpha}_lr${item.lr}", "models/finetuned/sft_lr${item}"):
