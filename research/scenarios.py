@@ -147,10 +147,11 @@ def main() -> None:
         for seed in args.seeds:
             for source in args.sources:
                 run = OUT / f"seed{seed}" / (f"{source}-{args.tag}" if args.tag else source)
-                shutil.rmtree(run, ignore_errors=True)
-                run.mkdir(parents=True)
                 ok, log, wall = run_one(seed, source, args.set)
                 print(f"seed {seed} {source}: {'ok' if ok else 'FAILED'} in {wall:.0f} s", flush=True)
+                # replaced only now: `dvc exp run` restores the tracked files of the workspace it started from
+                shutil.rmtree(run, ignore_errors=True)
+                run.mkdir(parents=True)
                 if not ok:
                     (run / "failed.txt").write_text(log)
                     continue
