@@ -5,7 +5,8 @@ samples table of each point from the DVC cache, and counts, per point, the share
 is a column *subtraction* trace in the student's style (`d-d`) or the teacher's (`minus`), and the share of new-task
 (subtraction) samples answered with an addition (`d+d`) trace: the routing share epsilon of the paper's section 3, for
 base (t = 0), post and every point. For knowledge injection, whose training mix pairs fact questions with an empty
-think block, also the share of `reverse` samples whose think block is empty. Each experiment is matched to the
+think block and replays the teacher's subtraction traces, also the shares of `reverse` samples whose think block is
+empty or a teacher-style subtraction. Each experiment is matched to the
 research/scenarios/seed<S>/<source>[-<tag>]/ run whose recorded scores it reproduces.
 Toy-world specific: this is a research probe, not a pipeline stage.
 
@@ -52,6 +53,7 @@ def confusion(rev: str) -> pd.DataFrame:
                      "add_with_sub_trace": add.text.str.contains(SUB_STEP).mean(),
                      "add_with_teacher_sub_trace": add.text.str.contains(TEACHER_SUB).mean(),
                      "reverse": reverse.correct.mean(),
+                     "reverse_with_teacher_sub_trace": reverse.text.str.contains(TEACHER_SUB).mean(),
                      "reverse_empty_think": reverse.text.str.contains(EMPTY_THINK).mean(),
                      # the paper's epsilon (section 3): new-task inputs routed through the old task's procedure
                      "new_with_add_trace": new.text.str.contains(ADD_STEP).mean()})
