@@ -74,8 +74,9 @@ def main() -> None:
     kept = []
     for f in frames:
         seed, source = f.seed.iloc[0], f.source.iloc[0]
-        for table in sorted(Path(f"research/scenarios/seed{seed}").glob(f"{source}*/points.parquet")):
-            if table.parent.name != source and not table.parent.name.startswith(f"{source}-"):
+        folder = Path(f"research/scenarios/seed{seed}")
+        for table in [folder / source / "points.parquet", *sorted(folder.glob(f"{source}-*/points.parquet"))]:
+            if not table.exists():
                 continue
             ref = pd.read_parquet(table).set_index("name").new_task
             if all(abs(ref.get(r.point, -1) - r.new_task) < 1e-9 for r in f.itertuples()):
