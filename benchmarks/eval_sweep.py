@@ -17,34 +17,31 @@ import tempfile
 import time
 from pathlib import Path
 
-from graft.evaluation import evaluate_model
-from graft.generation import HFGenerator, SamplingSpec, VLLMGenerator
+from graft.evaluation import evaluate_model, evaluation_suites
+from graft.generation import HFGenerator, VLLMGenerator
 from graft.merging import merge_into_dir
 from graft.points import POINT_LOADER
 from graft.schema import load_all
-from graft.tables import read_table
 
 LAMS = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
 
 
 def main() -> None:
     p = load_all()
-    ev, gen, chat, models, data = p["evaluate"], p["generation"], p["chat"], p["models"], p["data"]
+    ev, gen, models = p["evaluate"], p["generation"], p["models"]
     run = f"lr{p['finetune'].lrs[0]}_ep{p['sweep'].epochs[0]}"
     delta = Path(f"tensors/delta/graft_{run}")
     if not delta.is_dir():
         raise SystemExit(f"{delta} is missing: run `dvc repro` first")
-    heldout = read_table("data/mined/heldout.parquet", "hard_pool")
-    suites = {n: read_table(path, "problems") for n, path in sorted(data.old_suites.items())}
-    spec = SamplingSpec(n=ev.n_samples, temperature=ev.temperature, top_p=gen.top_p,
-                        max_new_tokens=ev.max_new_tokens, seed=ev.seed)
+    new_task, suites, _ = evaluation_suites(p)
+    fmt = new_task.fmt
 
     def vllm(model_dir) -> VLLMGenerator:
-        return VLLMGenerator(model_dir, gen.dtype, gen.max_model_len, gen.vllm_memory_fraction, gen.vllm_enforce_eager,
-                             worker_extension=POINT_LOADER)
+        return VLLMGenerator(model_dir, fmt.stop_ids, gen.dtype, gen.max_model_len, gen.vllm_memory_fraction,
+                             gen.vllm_enforce_eager, worker_extension=POINT_LOADER)
 
     def score(g):
-        metrics, samples = evaluate_model(g, heldout, suites, spec, ev.pass_k, chat.thinking)
+        metrics, samples = evaluate_model(g, new_task, suites, ev.pass_k)
         return metrics["new_task"], metrics["old_task"], samples
 
     # 1a. one engine per point
@@ -71,7 +68,8 @@ def main() -> None:
     shared_s = time.perf_counter() - t0
 
     same = all(per_point[lam][2].equals(shared[lam][2]) for lam in LAMS)
-    print(f"{len(LAMS)}-point lambda sweep ({len(heldout)} new-task problems + {sum(map(len, suites.values()))} "
+    print(f"{len(LAMS)}-point lambda sweep ({len(new_task.problems)} new-task problems + "
+          f"{sum(len(s.problems) for s in suites.values())} "
           f"old-task problems, n={ev.n_samples} each):")
     print(f"  one engine per point: {per_point_s:.1f} s   shared engine: {shared_s:.1f} s (engine start "
           f"{start_s:.1f} s once)   ratio {per_point_s / shared_s:.2f}x   identical samples: {same}")
@@ -81,7 +79,7 @@ def main() -> None:
     # 2. tokens per second on the post model
     rates = {}
     for name, make in (("vllm", lambda: vllm(models.post)),
-                       ("hf", lambda: HFGenerator(models.post, gen.dtype, gen.batch_size))):
+                       ("hf", lambda: HFGenerator(models.post, fmt.stop_ids, fmt.pad_id, gen.dtype, gen.batch_size))):
         t0 = time.perf_counter()
         g = make()
         t1 = time.perf_counter()

@@ -1,28 +1,70 @@
-"""Scoring one model: the new task on held-out mined problems, the old task as the mean over suites."""
+"""Scoring one model: the new task on held-out problems, the old task as the mean over suites."""
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
 
 import pandas as pd
 
-from graft.chat import render_prompt
+from graft.chat import ChatFormat, ChatSpec, answer_format
 from graft.generation import Generator, SamplingSpec
-from graft.grading import grade_math
+from graft.grading import Grader
 from graft.passk import mean_pass_at_k
+from graft.tables import read_table
+
+SUITES = Path("data/suites")   # the old suites as the suite stage validated them
 
 
-Grader = Callable[[str, str, bool], tuple]
+@dataclass(frozen=True)
+class Suite:
+    """A table of problems, the chat format its prompts are written in, how it is graded and sampled."""
+    problems: pd.DataFrame
+    fmt: ChatFormat
+    grader: Grader
+    spec: SamplingSpec
 
 
-def sample_and_grade(generator: Generator, problems: pd.DataFrame, spec: SamplingSpec, thinking: bool,
-                     task: str, grader: Grader = grade_math) -> pd.DataFrame:
+def evaluation_suites(allp) -> tuple[Suite, dict[str, Suite], dict[str, Path]]:
+    """The new task, every old suite, and the table each was read from, as params.yaml declares them. Prompts are
+    written with the post model's tokenizer (every point shares it)."""
+    from graft.modeling import load_tokenizer
+
+    p, gen, chat, answer, models, data, ft = (allp[s] for s in ("evaluate", "generation", "chat", "answer", "models",
+                                                                 "data", "finetune"))
+    tokenizer = load_tokenizer(models.post, models.trust_remote_code)
+    spec_chat = ChatSpec.from_params(chat)
+
+    def fmt_of(suite=None) -> ChatFormat:
+        return ChatFormat(tokenizer, spec_chat, answer_format(answer, suite), models.post)
+
+    spec = SamplingSpec(n=p.n_samples, temperature=p.temperature, top_p=gen.top_p, max_new_tokens=p.max_new_tokens,
+                        seed=p.seed)
+    new_fmt = fmt_of()
+    if ft.source == "knowledge":  # recall of injected facts on held-out phrasings: greedy, exact match
+        paths = {"new": Path("data/knowledge/heldout.parquet")}
+        new_task = Suite(read_table(paths["new"], "problems"), new_fmt, Grader(spec_chat, new_fmt.answer, "fact"),
+                         SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=p.max_new_tokens, seed=p.seed))
+    else:                         # held-out mined problems: n samples at the evaluation temperature
+        paths = {"new": Path("data/mined/heldout.parquet")}
+        new_task = Suite(read_table(paths["new"], "hard_pool"), new_fmt, Grader(spec_chat, new_fmt.answer, "math"),
+                         spec)
+    suites = {}
+    for name, s in sorted(data.old_suites.items()):
+        paths[name] = SUITES / f"{name}.parquet"
+        f = fmt_of(s)
+        suites[name] = Suite(read_table(paths[name], "problems"), f, Grader(spec_chat, f.answer, s.grader), spec)
+    return new_task, suites, paths
+
+
+def sample_and_grade(generator: Generator, suite: Suite, task: str) -> pd.DataFrame:
     """One row per (problem, sample): text, extracted answer, grade."""
-    prompts = [render_prompt(q, thinking) for q in problems["question"]]
-    outs = generator.generate(prompts, spec)
+    prompts = [suite.fmt.prompt_ids(q) for q in suite.problems["question"]]
+    outs = generator.generate(prompts, suite.spec)
     rows = []
-    for (pid, gold), comps in zip(zip(problems["problem_id"], problems["answer"]), outs):
+    for (pid, gold), comps in zip(zip(suite.problems["problem_id"], suite.problems["answer"]), outs):
         for j, c in enumerate(comps):
-            answer, ok = grader(c.text, gold, thinking)
+            answer, ok = suite.grader(c.text, gold)
             rows.append({"task": task, "problem_id": pid, "sample": j, "text": c.text, "answer": answer,
                          "gold": gold, "correct": bool(ok), "n_tokens": len(c.token_ids)})
     return pd.DataFrame(rows, columns=["task", "problem_id", "sample", "text", "answer", "gold", "correct",
@@ -38,18 +80,16 @@ def task_metrics(samples: pd.DataFrame, n: int, ks: Sequence[int]) -> dict[str, 
     return out
 
 
-def evaluate_model(generator: Generator, new_task: pd.DataFrame, old_suites: Mapping[str, pd.DataFrame],
-                   spec: SamplingSpec, ks: Sequence[int], thinking: bool, new_spec: SamplingSpec | None = None,
-                   new_grader: Grader = grade_math) -> tuple[dict, pd.DataFrame]:
-    """``new_spec``/``new_grader`` override sampling and grading for the new task (knowledge: greedy, exact match)."""
-    new_spec = new_spec or spec
-    frames = [sample_and_grade(generator, new_task, new_spec, thinking, "new", new_grader)]
+def evaluate_model(generator: Generator, new_task: Suite, old_suites: Mapping[str, Suite], ks: Sequence[int]
+                   ) -> tuple[dict, pd.DataFrame]:
+    """Metrics of the new task and of every old suite (pass@1 and pass@k where k <= n), and every sample."""
+    frames = [sample_and_grade(generator, new_task, "new")]
     for name in sorted(old_suites):
-        frames.append(sample_and_grade(generator, old_suites[name], spec, thinking, f"old:{name}"))
+        frames.append(sample_and_grade(generator, old_suites[name], f"old:{name}"))
     samples = pd.concat(frames, ignore_index=True)
-    metrics: dict = {"new": task_metrics(samples[samples.task == "new"], new_spec.n, ks)}
+    metrics: dict = {"new": task_metrics(samples[samples.task == "new"], new_task.spec.n, ks)}
     for name in sorted(old_suites):
-        metrics[f"old:{name}"] = task_metrics(samples[samples.task == f"old:{name}"], spec.n, ks)
+        metrics[f"old:{name}"] = task_metrics(samples[samples.task == f"old:{name}"], old_suites[name].spec.n, ks)
     metrics["new_task"] = metrics["new"]["pass@1"]
     metrics["old_task"] = sum(metrics[f"old:{n}"]["pass@1"] for n in old_suites) / len(old_suites)
     return metrics, samples

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, load_model as load_weights, save_file, save_model as save_weights
 from tqdm import tqdm
 
 from graft.atomic import atomic_dir
@@ -139,9 +139,9 @@ class TrainLog:
 
 def _save_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, sched, step: int,
                 log: TrainLog) -> None:
-    """Weights, AdamW moments and step counters as safetensors + JSON (never a pickle), written atomically."""
-    tensors: dict[str, torch.Tensor] = {f"model.{k}": v.detach().contiguous().cpu()
-                                        for k, v in model.state_dict().items()}
+    """Weights, AdamW moments and step counters as safetensors + JSON (never a pickle), written atomically. The
+    weights go through safetensors' own model writer, which stores tied tensors (lm_head = embed_tokens) once."""
+    tensors: dict[str, torch.Tensor] = {}
     opt_sd = opt.state_dict()
     for idx, st in opt_sd["state"].items():  # keyed by parameter index: a parameter without state keeps its slot
         for key, val in st.items():
@@ -149,6 +149,7 @@ def _save_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, 
     meta = {"step": step, "sched": sched.state_dict(), "curve": log.curve, "timing": log.timing,
             "opt": {"params": sorted(opt_sd["state"]), "param_groups": opt_sd["param_groups"]}}
     with atomic_dir(path) as tmp:
+        save_weights(model, str(tmp / "model.safetensors"))
         save_file(tensors, str(tmp / "state.safetensors"))
         (tmp / "state.json").write_text(json.dumps(meta))
 
@@ -156,7 +157,7 @@ def _save_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, 
 def _load_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, sched) -> tuple[int, dict]:
     tensors = load_file(str(path / "state.safetensors"))
     meta = json.loads((path / "state.json").read_text())
-    model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    load_weights(model, str(path / "model.safetensors"), device=str(next(model.parameters()).device))
     state = {}
     for idx in meta["opt"]["params"]:
         prefix = f"opt.{idx}."
@@ -278,11 +279,16 @@ def assemble_snapshots(workdir: Path, epochs: int, out: Path) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-def init_distributed() -> DistInfo:
-    """Join the process group torchrun set up (gloo on CPU, nccl on GPU); a plain run is one process."""
+def init_distributed(device_name: str = "auto") -> DistInfo:
+    """Join the process group torchrun set up (gloo on CPU, nccl on GPU); a plain run is one process.
+    ``device_name``: params.yaml ``compute.device``; each process takes the CUDA device of its local rank."""
+    from graft.modeling import resolve_device
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
+    device = resolve_device(device_name)
+    if device.type == "cuda":
+        device = torch.device("cuda", local)
     if world == 1:
         return DistInfo(0, 1, device)
     if not dist.is_initialized():
@@ -331,14 +337,14 @@ def train_to_snapshots(model: torch.nn.Module, tokenizer, objective: Objective, 
     """Train with a resumable work directory keyed by the inputs and settings; write ``out/epoch<e>/`` (complete HF
     model directories) atomically when the last epoch is done. ``live_dir`` gets dvclive logs of the loss and
     learning rate per step, written as training runs (``dvc plots show``, ``dvc exp show``)."""
-    from graft.modeling import save_model_dir
+    from graft.modeling import save_snapshot
 
     key = fingerprint(inputs, {**settings, "world": dist_info.world})
     workdir = work_root / f"{out.name}-{key}"
 
     def save_epoch(epoch: int, m: torch.nn.Module) -> None:
         with atomic_dir(workdir / f"epoch{epoch}") as tmp:
-            save_model_dir(m, tokenizer, tmp)
+            save_snapshot(m, tokenizer, tmp)
 
     with live_curve(live_dir if dist_info.main else None) as on_step:
         log = train(model, objective, n_examples, spec, on_epoch_end=save_epoch, workdir=workdir,

@@ -37,21 +37,22 @@ def _mean_loglik(model: torch.nn.Module, params: dict[str, torch.Tensor], ids: t
 
 def estimate_diag_fisher(model: torch.nn.Module, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]],
                          pad_id: int, chunk: int = 8) -> dict[str, torch.Tensor]:
-    """Diagonal Fisher keyed by parameter name, fp32, averaged over rollouts (prompt ids, response ids)."""
+    """Diagonal Fisher keyed by parameter name, fp32, averaged over rollouts (prompt ids, response ids). Computed on
+    the model's device, returned on the CPU. Tied parameters (lm_head = embed_tokens) appear once, under the name
+    the checkpoint stores."""
     if not rollouts:
         raise ValueError("estimate_diag_fisher: no rollouts")
     model.eval()
     params = {k: v.detach() for k, v in model.named_parameters()}
-    fisher = {k: torch.zeros(v.shape, dtype=torch.float32) for k, v in params.items()}
+    dev = next(iter(params.values())).device
+    fisher = {k: torch.zeros(v.shape, dtype=torch.float32, device=dev) for k, v in params.items()}
     per_sample = vmap(grad(lambda p, x, w: _mean_loglik(model, p, x, w)), in_dims=(None, 0, 0))
     for start in tqdm(range(0, len(rollouts), chunk), desc="fisher", mininterval=2.0):
         ids, w = rollout_batch(rollouts[start: start + chunk], pad_id)
-        grads = per_sample(params, ids, w)
+        grads = per_sample(params, ids.to(dev), w.to(dev))
         for k, g in grads.items():
             fisher[k] += g.float().pow(2).sum(0)
-    for v in fisher.values():
-        v /= len(rollouts)
-    return fisher
+    return {k: (v / len(rollouts)).cpu() for k, v in fisher.items()}
 
 
 def naive_diag_fisher(model: torch.nn.Module, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]],

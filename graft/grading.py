@@ -1,17 +1,23 @@
 """Grading of final answers: math-verify for math, normalised exact match for facts.
 
-The answer is read only from the answer tag after the think block (``chat.parse_response``). When the tag holds
-math, ``math_verify`` decides equivalence (fractions, boxed forms, equivalent expressions).
+The answer is read only after the think block, in the answer format the model writes (``graft.chat``). Math answers
+are compared by ``math_verify`` (fractions, boxed forms, equivalent expressions); facts by exact match after
+normalising case, spacing and surrounding punctuation.
 """
 from __future__ import annotations
 
 import re
 import unicodedata
+from dataclasses import dataclass
 from functools import lru_cache
 
 from math_verify import parse, verify
 
-from graft.chat import parse_response
+from graft.chat import AnswerFormat, ChatSpec, ParsedResponse, parse_response
+
+# math: math-verify equivalence; fact: exact match after normalising; contains: the normalised gold answer appears as
+# whole words in the normalised answer (free-text answers of instruct models: "The capital of France is Paris.")
+GRADERS = ("math", "fact", "contains")
 
 
 def normalise_fact(text: str) -> str:
@@ -21,30 +27,52 @@ def normalise_fact(text: str) -> str:
 
 
 @lru_cache(maxsize=65536)
-def _parsed(text: str):
+def _parsed(text: str, sentence: bool = False):
     # A bare answer like "45" or "3/4" is parsed as math; wrapping in $...$ lets math-verify read LaTeX too.
-    return parse(f"${text}$")
+    got = parse(f"${text}$")
+    # a sentence ("7 + 5 = 12.", a final_line answer) is not one expression: math-verify's own extraction finds
+    # its last answer
+    return parse(text) if sentence and not got else got
 
 
-def math_equal(pred: str, gold: str) -> bool:
+def math_equal(pred: str, gold: str, sentence: bool = False) -> bool:
+    """``sentence``: the prediction may be a line of prose ending in the answer (final_line), not a bare answer."""
     if pred.strip() == gold.strip():
         return True
-    g, p = _parsed(gold), _parsed(pred)
+    g, p = _parsed(gold), _parsed(pred, sentence)
     if not g or not p:
         return False
     return bool(verify(g, p))
 
 
-def grade_math(text: str, gold: str, thinking: bool) -> tuple[str | None, bool]:
-    """(extracted answer, correct) for one generated assistant turn."""
-    answer = parse_response(text, thinking).answer
-    if answer is None or answer == "":
-        return answer, False
-    return answer, math_equal(answer, gold)
+def fact_equal(pred: str, gold: str) -> bool:
+    return normalise_fact(pred) == normalise_fact(gold)
 
 
-def grade_fact(text: str, gold: str, thinking: bool) -> tuple[str | None, bool]:
-    answer = parse_response(text, thinking).answer
-    if answer is None:
-        return None, False
-    return answer, normalise_fact(answer) == normalise_fact(gold)
+def fact_contained(pred: str, gold: str) -> bool:
+    g = normalise_fact(gold)
+    return bool(g) and re.search(rf"(?<!\w){re.escape(g)}(?!\w)", normalise_fact(pred)) is not None
+
+
+@dataclass(frozen=True)
+class Grader:
+    """One suite's grading: how the turn is split (chat), where the answer is (format), how it is compared."""
+    chat: ChatSpec
+    answer: AnswerFormat
+    kind: str = "math"
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRADERS:
+            raise ValueError(f"grader must be one of {GRADERS}, got {self.kind!r}")
+
+    def parse(self, text: str) -> ParsedResponse:
+        return parse_response(text, self.chat, self.answer)
+
+    def __call__(self, text: str, gold: str) -> tuple[str | None, bool]:
+        """(extracted answer, correct) for one generated assistant turn."""
+        answer = self.parse(text).answer
+        if answer is None or answer == "":
+            return answer, False
+        if self.kind == "math":
+            return answer, math_equal(answer, gold, sentence=self.answer.format == "final_line")
+        return answer, (fact_equal if self.kind == "fact" else fact_contained)(answer, gold)

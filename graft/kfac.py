@@ -36,8 +36,9 @@ def estimate_kfac_factors(model: torch.nn.Module, rollouts: Sequence[tuple[Seque
     for n in names:
         if mods[n].bias is not None:
             raise ValueError(f"layer {n} has a bias; KFAC here covers bias-free linear layers only")
-    Q = {n: torch.zeros(mods[n].in_features, mods[n].in_features) for n in names}
-    P = {n: torch.zeros(mods[n].out_features, mods[n].out_features) for n in names}
+    dev = next(model.parameters()).device
+    Q = {n: torch.zeros(mods[n].in_features, mods[n].in_features, device=dev) for n in names}
+    P = {n: torch.zeros(mods[n].out_features, mods[n].out_features, device=dev) for n in names}
     acts: dict[str, torch.Tensor] = {}
     positions = 0
     valid: torch.Tensor | None = None
@@ -64,6 +65,7 @@ def estimate_kfac_factors(model: torch.nn.Module, rollouts: Sequence[tuple[Seque
             valid = torch.zeros(ids.shape, dtype=torch.bool)
             for i, (p, r) in enumerate(batch):
                 valid[i, : len(p) + len(r)] = True
+            ids, w, valid = ids.to(dev), w.to(dev), valid.to(dev)
             model.zero_grad(set_to_none=True)
             logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
             logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
@@ -78,7 +80,7 @@ def estimate_kfac_factors(model: torch.nn.Module, rollouts: Sequence[tuple[Seque
         for h in handles:
             h.remove()
         model.zero_grad(set_to_none=True)
-    return {n: (Q[n] / positions, P[n] / len(rollouts)) for n in names}
+    return {n: ((Q[n] / positions).cpu(), (P[n] / len(rollouts)).cpu()) for n in names}
 
 
 def eigh_factor(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from graft.chat import render_prompt, render_response
+from graft.family_chat import render_prompt, render_response
 
 ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr", "th", "st"]
 # first onsets of the names in the world's *pretraining* facts: no name in ONSETS starts with these letters, so

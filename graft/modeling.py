@@ -1,4 +1,5 @@
-"""The tiny model family: a locally trained tokenizer and Qwen3-architecture models through ``transformers``.
+"""Models through ``transformers``: loading and saving any causal LM directory, and the embedded tiny family (a
+locally trained tokenizer and Qwen3-architecture models).
 
 Everything written here is a plain Hugging Face directory (config, generation config, tokenizer with chat template,
 safetensors weights) that ``transformers`` and ``vllm`` load as it is.
@@ -12,9 +13,23 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config
 
-from graft.chat import CHAT_TEMPLATE_JINJA, EOS, IM_END, PAD, SPECIAL_TOKENS
+from graft.family_chat import CHAT_TEMPLATE_JINJA, EOS, IM_END, PAD, SPECIAL_TOKENS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(name: str) -> torch.device:
+    """params.yaml ``compute.device``: auto is the first CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("compute.device is cuda, but torch sees no CUDA device (set it to auto or cpu)")
+    if name not in DEVICES:
+        raise ValueError(f"compute.device must be one of {DEVICES}, got {name!r}")
+    return torch.device(name)
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -69,7 +84,8 @@ def new_model(config: Qwen3Config, seed: int) -> torch.nn.Module:
 
 
 def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
-    """Write a complete HF directory into ``out`` (caller makes it atomic)."""
+    """Write a model of the embedded family as a complete HF directory into ``out`` (caller makes it atomic), with
+    the family's generation config (its end-of-turn and pad tokens)."""
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
@@ -78,11 +94,19 @@ def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, o
     tokenizer.save_pretrained(out)
 
 
-def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False) -> torch.nn.Module:
+def save_snapshot(model: torch.nn.Module, tokenizer, out: Path) -> None:
+    """Write a trained model as a complete HF directory into ``out`` (caller makes it atomic). Config, generation
+    config (stop and pad ids) and tokenizer are the starting model's own, never rewritten."""
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False,
+               device: str | torch.device = "cpu") -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code, use_safetensors=True)
     model.eval()
-    return model
+    return model.to(device)
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):

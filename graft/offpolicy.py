@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from graft.chat import parse_response
-from graft.grading import math_equal
+from graft.grading import Grader
 
 COLUMNS = ["problem_id", "question", "think", "answer", "source"]
 
@@ -17,7 +16,7 @@ def teacher_traces(train: pd.DataFrame) -> pd.DataFrame:
     return out[COLUMNS]
 
 
-def accept_rewrites(train: pd.DataFrame, rewrites: list[str], thinking: bool) -> pd.DataFrame:
+def accept_rewrites(train: pd.DataFrame, rewrites: list[str], grader: Grader) -> pd.DataFrame:
     """SynthSelf rejection: keep a rewrite only if its final answer equals the gold answer (never replaced by it).
 
     Returns every rewrite with its extracted answer and ``accepted`` flag; accepted rows carry the rewrite's
@@ -25,24 +24,22 @@ def accept_rewrites(train: pd.DataFrame, rewrites: list[str], thinking: bool) ->
     """
     rows = []
     for (pid, q, gold), text in zip(zip(train["problem_id"], train["question"], train["answer"]), rewrites):
-        parsed = parse_response(text, thinking)
-        ok = parsed.answer is not None and parsed.answer != "" and math_equal(parsed.answer, gold) \
-            and bool(parsed.think)
+        parsed = grader.parse(text)
+        ok = grader(text, gold)[1] and bool(parsed.think)
         rows.append({"problem_id": pid, "question": q, "think": parsed.think or "", "answer": gold,
                      "source": "synthself", "rewrite": text, "rewrite_answer": parsed.answer, "accepted": ok})
     return pd.DataFrame(rows, columns=COLUMNS + ["rewrite", "rewrite_answer", "accepted"])
 
 
-def star_traces(train: pd.DataFrame, attempts: list[list[str]], thinking: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+def star_traces(train: pd.DataFrame, attempts: list[list[str]], grader: Grader) -> tuple[pd.DataFrame, pd.DataFrame]:
     """STaR: the post model's own verified successes. Per problem keep the first attempt (in sample order) whose
     final answer is right and whose think block closed; unsolved problems are dropped.
 
     Returns (offpolicy rows, one row per problem: problem_id, attempts, successes, kept_sample)."""
     rows, counts = [], []
     for (pid, q, gold), texts in zip(zip(train["problem_id"], train["question"], train["answer"]), attempts):
-        parsed = [parse_response(t, thinking) for t in texts]
-        ok = [p.answer is not None and p.answer != "" and math_equal(p.answer, gold) and p.think is not None
-              for p in parsed]
+        parsed = [grader.parse(t) for t in texts]
+        ok = [grader(t, gold)[1] and p.think is not None for t, p in zip(texts, parsed)]
         first = ok.index(True) if any(ok) else -1
         if first >= 0:
             p = parsed[first]

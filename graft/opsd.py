@@ -3,8 +3,8 @@
 For each problem the student (the model being trained) samples one response to the plain prompt; a frozen copy of the
 starting model, prompted with the same problem plus the off-policy demonstration, is the teacher. The loss is the sum
 over response tokens of D_alpha(teacher || student) between next-token distributions restricted to the teacher's
-top-k tokens. Both prompts come from the one chat-template function, so the response is scored under the same
-template the student sampled it with.
+top-k tokens. Both prompts come from the same ``ChatFormat.prompt_ids`` (the model's own template), so the response is
+scored under the same template the student sampled it with.
 
 D_alpha is the generalised Jensen-Shannon family of GKD (Agarwal et al. 2023): with M = alpha T + (1 - alpha) S,
 D_alpha = alpha KL(T || M) + (1 - alpha) KL(S || M) for 0 < alpha < 1, and its endpoints alpha = 0: KL(T || S)
@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from graft.chat import render_prompt
+from graft.chat import ChatFormat
 from graft.generation import HFGenerator, SamplingSpec, request_seed
 from graft.likelihood import response_logits
 
@@ -64,20 +64,17 @@ class OPSDExample:
 class OPSDObjective:
     """The OPSD loss for the shared training driver: summed over response tokens, averaged over sequences."""
 
-    def __init__(self, teacher: torch.nn.Module, tokenizer, examples: Sequence[OPSDExample], thinking: bool,
+    def __init__(self, teacher: torch.nn.Module, tokenizer, fmt: ChatFormat, examples: Sequence[OPSDExample],
                  alpha: float, top_k: int, temperature: float, top_p: float, max_new_tokens: int, seed: int,
                  max_len: int):
-        self.teacher, self.tokenizer, self.examples = teacher, tokenizer, list(examples)
+        self.teacher, self.tokenizer, self.fmt, self.examples = teacher, tokenizer, fmt, list(examples)
         self.alpha, self.top_k = alpha, top_k
         self.temperature, self.top_p, self.max_new_tokens, self.seed = temperature, top_p, max_new_tokens, seed
         for p in teacher.parameters():
             p.requires_grad_(False)
 
-        def enc(text: str) -> list[int]:
-            return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-        self.student_prompts = [enc(render_prompt(e.question, thinking)) for e in self.examples]
-        self.teacher_prompts = [enc(render_prompt(demonstration_question(e.question, e.think, e.answer), thinking))
+        self.student_prompts = [fmt.prompt_ids(e.question) for e in self.examples]
+        self.teacher_prompts = [fmt.prompt_ids(demonstration_question(e.question, e.think, e.answer))
                                 for e in self.examples]
         for i, tp in enumerate(self.teacher_prompts):
             if len(tp) + max_new_tokens > max_len:
@@ -90,7 +87,8 @@ class OPSDObjective:
     def sample(self, model: torch.nn.Module, indices: Sequence[int], step: int) -> list[list[int]]:
         """One response per example from the current student; the seed depends on (step, example) only, so the
         samples do not depend on how a batch is split over micro-batches or processes."""
-        gen = HFGenerator.from_model(model, self.tokenizer, batch_size=len(indices))
+        gen = HFGenerator.from_model(model, self.tokenizer, self.fmt.stop_ids, self.fmt.pad_id,
+                                     batch_size=len(indices))
         spec = SamplingSpec(n=1, temperature=self.temperature, top_p=self.top_p,
                             max_new_tokens=self.max_new_tokens, seed=0)
         rows = [(self.student_prompts[i],
@@ -104,8 +102,7 @@ class OPSDObjective:
         sample_s = time.perf_counter() - t0
         with torch.no_grad():
             t_logits = response_logits(self.teacher, [self.teacher_prompts[i] for i in indices], responses,
-                                        self.tokenizer.pad_token_id)
-        s_logits = response_logits(model, [self.student_prompts[i] for i in indices], responses,
-                                    self.tokenizer.pad_token_id)
+                                        self.fmt.pad_id)
+        s_logits = response_logits(model, [self.student_prompts[i] for i in indices], responses, self.fmt.pad_id)
         total = sum(topk_divergence(t, s, self.alpha, self.top_k).sum() for t, s in zip(t_logits, s_logits))
         return total, sample_s

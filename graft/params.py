@@ -17,12 +17,16 @@ class ParamsError(ValueError):
     """A value in params.yaml is missing, unknown, mistyped or out of range."""
 
 
+REQUIRED = object()
+
+
 @dataclass(frozen=True)
 class Field:
     kind: type | tuple[type, ...]
     check: Callable[[Any], bool] | None = None
     rule: str = ""
     item: "Field | dict | None" = None  # schema of list items or of a nested section
+    default: Any = REQUIRED             # a key that may be left out takes this value (validated like any other)
 
 
 def positive(x: Any) -> bool:
@@ -88,10 +92,12 @@ def _check_section(path: str, raw: dict, schema: dict) -> Section:
     unknown = sorted(set(raw) - set(schema))
     if unknown:
         raise ParamsError(f"params.yaml: unknown key {path}.{unknown[0]} (expected one of: {', '.join(schema)})")
-    missing = [k for k in schema if k not in raw]
+    missing = [k for k in schema if k not in raw and not (isinstance(schema[k], Field)
+                                                           and schema[k].default is not REQUIRED)]
     if missing:
         raise ParamsError(f"params.yaml: missing key {path}.{missing[0]}")
-    return Section({k: _check_value(f"{path}.{k}", raw[k], schema[k]) for k in schema})
+    return Section({k: _check_value(f"{path}.{k}", raw[k] if k in raw else schema[k].default, schema[k])
+                    for k in schema})
 
 
 def validate_sections(raw: dict, schema: dict[str, dict], only: bool = False) -> dict[str, Section]:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from graft.params import (BOOL, DTYPE, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section,
                           nonneg, positive, read_yaml, unit_open, validate_sections)
+from graft.chat import FORMATS
+from graft.modeling import DEVICES
 from graft.schema_world import WORLD_SCHEMA, check_world
 
 MASKS = ("diagonal", "kfac", "random")
@@ -14,6 +16,14 @@ SOURCES = ("teacher", "synthself", "star", "knowledge", "external")
 
 SCHEMA: dict[str, dict] = {
     **WORLD_SCHEMA,
+    # how the model writes its final answer, and the instruction appended to every question asking for it (old
+    # suites may set their own in data.old_suites)
+    "answer": {
+        "format": Field(STR, lambda s: s in FORMATS, f"one of {', '.join(FORMATS)}"),
+        "instruction": Field(STR),
+    },
+    # where every torch stage runs (finetuning, OPSD, Fisher, KFAC, likelihoods, HF generation); vLLM picks its own
+    "compute": {"device": Field(STR, lambda s: s in DEVICES, f"one of {', '.join(DEVICES)}")},
     "generation": {
         "backend": Field(STR, lambda s: s in ("vllm", "hf"), "one of vllm, hf"),
         "dtype": DTYPE,

@@ -5,8 +5,11 @@ minutes to rebuild, depends only on the code that can change them.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+from graft.chat import FORMATS, SWITCHES
+from graft.grading import GRADERS
 from graft.params import (BOOL, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section,
                           read_yaml, validate_sections)
 
@@ -19,8 +22,26 @@ MODEL_SHAPE = {
     "head_dim": POS_INT,
 }
 
+ANSWER_FORMAT = Field(STR, lambda s: s in FORMATS, f"one of {', '.join(FORMATS)}")
+SUITE = {
+    "path": Field(STR),
+    "grader": Field(STR, lambda s: s in GRADERS, f"one of {', '.join(GRADERS)}", default="math"),
+    # the suite's own answer format and instruction; "" takes the answer section's
+    "format": Field(STR, lambda s: s == "" or s in FORMATS, f"\"\" or one of {', '.join(FORMATS)}", default=""),
+    "instruction": Field(STR, default=""),
+}
+
 WORLD_SCHEMA: dict[str, dict] = {
-    "chat": {"thinking": Field(BOOL)},
+    "chat": {
+        "thinking": Field(BOOL),
+        # how thinking is switched off: template (it takes enable_thinking) | prefill (an empty think block after
+        # the generation prompt) | none
+        "thinking_switch": Field(STR, lambda s: s in SWITCHES, f"one of {', '.join(SWITCHES)}"),
+        # [open, close] of the think block, or [] for a model that writes none
+        "think_markers": Field(list, lambda v: len(v) in (0, 2) and all(v), "[open, close] (non-empty) or []",
+                               item=Field(STR)),
+        "system_prompt": Field(STR),            # "" keeps the template's own default system turn
+    },
     "models": {
         "pretrain_checkpoints": Field(list, item=Field(STR)),
         "base": Field(STR),
@@ -29,12 +50,16 @@ WORLD_SCHEMA: dict[str, dict] = {
         "trust_remote_code": Field(BOOL),
     },
     "data": {
-        "old_suites": Field(dict, item=Field(STR)),
+        # name -> a Parquet table (``problems`` schema) and how to grade it
+        "old_suites": Field(dict, item=SUITE),
         "hard_pool": Field(STR),
         "retention": Field(STR),
     },
     "world": {
         "seed": SEED,
+        # the family's chat turns think (set chat.thinking to match when evaluating the family); apart from chat so
+        # that a real model's chat settings never rebuild the world
+        "thinking": Field(BOOL),
         "tokenizer_vocab_size": Field(INT, lambda x: x >= 300, ">= 300"),
         "corpus_problems": POS_INT,
         "student": MODEL_SHAPE,
@@ -80,9 +105,11 @@ def check_world(p: dict[str, Section]) -> None:
         shape = p["world"][key]
         if shape.num_attention_heads % shape.num_key_value_heads:
             raise ParamsError(f"params.yaml: world.{key}.num_attention_heads must be a multiple of num_key_value_heads")
-    if len(p["models"].pretrain_checkpoints) != len(p["world"].pretrain.checkpoints):
-        raise ParamsError("params.yaml: models.pretrain_checkpoints must name one directory per "
-                          "world.pretrain.checkpoints fraction")
+    for name in p["data"].old_suites:
+        # a suite's name becomes a file name (data/suites/<name>.parquet) and a metric key
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name):
+            raise ParamsError(f"params.yaml: data.old_suites key {name!r} must be a plain name (letters, digits, "
+                              "_ and -: it becomes a file name and a params key)")
 
 
 def load_world_params(path: str | Path = "params.yaml") -> dict[str, Section]:

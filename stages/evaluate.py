@@ -22,13 +22,11 @@ from tqdm import tqdm
 
 from graft.atomic import write_json, write_parquet
 from graft.cli import run_stage
-from graft.evaluation import evaluate_model
-from graft.generation import SamplingSpec, open_generator
-import graft.modeling  # noqa: F401,E402  (the engines import it later; imported here so its hash is in the key)
-from graft.grading import grade_fact, grade_math
+from graft.evaluation import evaluate_model, evaluation_suites
+from graft.generation import open_generator
+from graft.modeling import resolve_device
 from graft.points import POINT_LOADER, Point, content_hash, point_key, sweep_points
 from graft.schema import load_all
-from graft.tables import read_table
 from graft.tensors import check_compatible
 
 POINTS, SAMPLES, TIMING = Path("reports/points"), Path("reports/samples"), Path("reports/timing/evaluate.parquet")
@@ -81,25 +79,18 @@ def remove_stale(names: set[str]) -> list[str]:
 
 def main() -> None:
     allp = load_all()
-    p, gen, chat, models, data, ft = (allp[s] for s in ("evaluate", "generation", "chat", "models", "data",
-                                                         "finetune"))
-    if ft.source == "knowledge":  # recall of injected facts on held-out phrasings: greedy, exact match
-        new_path, new_kind = "data/knowledge/heldout.parquet", "problems"
-        new_spec = SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=p.max_new_tokens, seed=p.seed)
-        new_grader = grade_fact
-    else:                         # held-out mined problems: n samples at the evaluation temperature
-        new_path, new_kind = "data/mined/heldout.parquet", "hard_pool"
-        new_spec, new_grader = None, grade_math
-    heldout = read_table(new_path, new_kind)
-    suites = {name: read_table(path, "problems") for name, path in sorted(data.old_suites.items())}
-    spec = SamplingSpec(n=p.n_samples, temperature=p.temperature, top_p=gen.top_p, max_new_tokens=p.max_new_tokens,
-                        seed=p.seed)
+    p, gen, chat, answer, models, data, ft = (allp[s] for s in ("evaluate", "generation", "chat", "answer", "models",
+                                                                 "data", "finetune"))
+    new_task, suites, paths = evaluation_suites(allp)
 
     points = sweep_points(allp)
     memo: dict[str, str] = {}
-    settings = {"evaluate": dict(p), "generation": dict(gen), "chat": dict(chat), "source": ft.source,
-                "trust_remote_code": models.trust_remote_code, "engine_model": content_hash(models.post, memo),
-                "data": {k: content_hash(v) for k, v in [("new", new_path), *sorted(data.old_suites.items())]},
+    device = resolve_device(allp["compute"].device)
+    settings = {"evaluate": dict(p), "generation": dict(gen), "chat": dict(chat), "answer": dict(answer),
+                "suites": {k: dict(v) for k, v in data.old_suites.items()}, "source": ft.source,
+                "device": str(device), "trust_remote_code": models.trust_remote_code,
+                "engine_model": content_hash(models.post, memo),
+                "data": {k: content_hash(v) for k, v in sorted(paths.items())},
                 "code": code_versions()}
     settings_key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
     keys = {pt.name: point_key(pt, settings_key, memo) for pt in points}
@@ -116,7 +107,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     # one engine for the whole sweep
-    generator = open_generator(models.post, gen, models.trust_remote_code, POINT_LOADER)
+    generator = open_generator(models.post, gen, new_task.fmt, models.trust_remote_code, POINT_LOADER, device)
     engine_s = time.perf_counter() - t0
     timing = []
     try:
@@ -124,8 +115,7 @@ def main() -> None:
             t1 = time.perf_counter()
             generator.load_point(pt.model, pt.delta, pt.lam)
             t2 = time.perf_counter()
-            metrics, samples = evaluate_model(generator, heldout, suites, spec, p.pass_k, chat.thinking, new_spec,
-                                              new_grader)
+            metrics, samples = evaluate_model(generator, new_task, suites, p.pass_k)
             t3 = time.perf_counter()
             tokens = int(samples["n_tokens"].sum())
             write_parquet(SAMPLES / f"{pt.name}.parquet", samples)

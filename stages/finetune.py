@@ -21,10 +21,12 @@ from graft.cli import run_stage
 from graft.atomic import write_json, write_parquet
 from graft.finetuning import (SupervisedObjective, init_distributed, relaunch_under_torchrun, spec_from_params,
                               train_to_snapshots)
+from graft.chat import open_chat
 from graft.modeling import load_model, load_tokenizer
 from graft.schema import load_params
 from graft.sweep import require
 from graft.tables import read_table
+from graft.tensors import check_compatible
 from graft.training import SFTExample, encode_sft
 
 
@@ -33,26 +35,29 @@ def main() -> None:
     ap.add_argument("--target", choices=["donor", "sft"], required=True)
     ap.add_argument("--lr", type=float, required=True)
     args = ap.parse_args()
-    p, chat, models = load_params("finetune", "chat", "models")
+    p, chat, answer, models, compute = load_params("finetune", "chat", "answer", "models", "compute")
     require(args.lr, p.lrs, "finetune.lrs", "--lr")
     if relaunch_under_torchrun(p.num_processes, "stages.finetune", sys.argv[1:]):
         return
     torch.use_deterministic_algorithms(True)
-    info = init_distributed()
+    info = init_distributed(compute.device)
     src = p.donor if args.target == "donor" else models.post
+    check_compatible(src, models.post)  # the graft delta of a donor is added to the post model
     data_path = f"data/offpolicy/{p.source}.parquet"
     data = read_table(data_path, "offpolicy")
-    model = load_model(src, p.dtype, models.trust_remote_code).to(info.device)
+    model = load_model(src, p.dtype, models.trust_remote_code, info.device)
     tokenizer = load_tokenizer(src, models.trust_remote_code)
-    encoded = [encode_sft(tokenizer, SFTExample(q, t, a), chat.thinking, p.max_len)
+    # donor and post learn the same targets in the post model's chat format (the one the graft is evaluated in)
+    fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
+    encoded = [encode_sft(fmt, SFTExample(q, t, a), p.max_len)
                for q, t, a in zip(data["question"], data["think"], data["answer"])]
     name = f"{args.target}_lr{args.lr}"
     log = train_to_snapshots(
-        model, tokenizer, SupervisedObjective(encoded, tokenizer.pad_token_id, p.loss), len(encoded),
+        model, tokenizer, SupervisedObjective(encoded, fmt.pad_id, p.loss), len(encoded),
         spec_from_params(p, args.lr), out=Path(f"models/finetuned/{name}"), inputs=[src, data_path],
         settings={"stage": "finetune", "target": args.target, "lr": args.lr,
                   "finetune": {k: v for k, v in p.items() if k != "lrs"},
-                  "thinking": chat.thinking}, dist_info=info, desc=f"finetune {name}",
+                  "chat": dict(chat), "answer": dict(answer)}, dist_info=info, desc=f"finetune {name}",
         live_dir=Path(f"reports/finetune/live/{name}"))
     if info.main:
         write_json(f"reports/finetune/{name}.json", log.curve)  # a list of records: what `dvc plots` reads

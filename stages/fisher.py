@@ -11,11 +11,11 @@ import argparse
 
 from graft.cli import run_stage
 from graft.atomic import atomic_file, write_json
-from graft.chat import render_prompt
+from graft.chat import open_chat
 from graft.fisher import estimate_diag_fisher
 from graft.generation import SamplingSpec, open_generator
 from graft.kfac import eigh_factor, estimate_kfac_factors
-from graft.modeling import load_model, load_tokenizer
+from graft.modeling import load_model, resolve_device
 from graft.schema import load_all
 from graft.sweep import require, run_tag
 from graft.tables import read_table
@@ -30,7 +30,9 @@ def main() -> None:
     args = ap.parse_args()
     which = args.which
     allp = load_all()
-    p, gen, chat, models, data = (allp[k] for k in ("fisher", "generation", "chat", "models", "data"))
+    p, gen, chat, answer, models, data = (allp[k] for k in ("fisher", "generation", "chat", "answer", "models",
+                                                             "data"))
+    device = resolve_device(allp["compute"].device)
     if which == "retention":
         model_dir, prompts_table = models.post, read_table(data.retention, "problems")
     else:
@@ -43,22 +45,22 @@ def main() -> None:
                          else read_table("data/mined/train.parquet", "hard_pool"))
         which = f"new_{run_tag(args.lr, args.epoch)}"
     questions = [prompts_table["question"][i % len(prompts_table)] for i in range(p.n_rollouts)]
-    tokenizer = load_tokenizer(model_dir, models.trust_remote_code)
-    prompts = [render_prompt(q, chat.thinking) for q in questions]
-    generator = open_generator(model_dir, gen, models.trust_remote_code)
+    # the model's own samples, prompted exactly as the evaluation prompts it
+    fmt = open_chat(model_dir, chat, answer, models.trust_remote_code)
+    prompts = [fmt.prompt_ids(q) for q in questions]
+    generator = open_generator(model_dir, gen, fmt, models.trust_remote_code, device=device)
     outs = generator.generate(prompts, SamplingSpec(n=1, temperature=p.temperature, top_p=gen.top_p,
                                                     max_new_tokens=p.max_new_tokens, seed=p.seed))
     generator.close()
-    rollouts = [(tokenizer(pr, add_special_tokens=False)["input_ids"], list(o[0].token_ids))
-                for pr, o in zip(prompts, outs) if o[0].token_ids]
-    model = load_model(model_dir, "float32", models.trust_remote_code)
-    fisher = estimate_diag_fisher(model, rollouts, tokenizer.pad_token_id, p.chunk)
+    rollouts = [(pr, list(o[0].token_ids)) for pr, o in zip(prompts, outs) if o[0].token_ids]
+    model = load_model(model_dir, "float32", models.trust_remote_code, device)
+    fisher = estimate_diag_fisher(model, rollouts, fmt.pad_id, p.chunk)
     with atomic_file(f"tensors/fisher/{which}/diagonal.safetensors") as tmp:
         save_tensors(tmp, fisher)
     summary = {"rollouts": len(rollouts), "diagonal_trace": sum(float(v.sum()) for v in fisher.values()),
                "mean_response_tokens": sum(len(r) for _, r in rollouts) / len(rollouts)}
     if which == "retention":
-        factors = estimate_kfac_factors(model, rollouts, tokenizer.pad_token_id, p.chunk)
+        factors = estimate_kfac_factors(model, rollouts, fmt.pad_id, p.chunk)
         out = {}
         for layer, (Q, P) in factors.items():
             name = f"{layer}.weight"

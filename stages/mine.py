@@ -10,9 +10,10 @@ import pandas as pd
 
 from graft.cli import run_stage
 from graft.atomic import write_parquet
-from graft.chat import render_prompt
+from graft.chat import open_chat
 from graft.generation import SamplingSpec, open_generator
-from graft.grading import grade_math
+from graft.grading import Grader
+from graft.modeling import resolve_device
 from graft.schema import load_params
 from graft.tables import read_table
 
@@ -21,8 +22,8 @@ class MiningError(ValueError):
     pass
 
 
-def mine_counts(pool: pd.DataFrame, texts: list[list[str]], thinking: bool) -> list[int]:
-    return [sum(grade_math(t, gold, thinking)[1] for t in samples) for gold, samples in zip(pool["answer"], texts)]
+def mine_counts(pool: pd.DataFrame, texts: list[list[str]], grader: Grader) -> list[int]:
+    return [sum(grader(t, gold)[1] for t in samples) for gold, samples in zip(pool["answer"], texts)]
 
 
 def split_mined(pool: pd.DataFrame, successes: list[int], max_successes: int, heldout: int, seed: int
@@ -44,14 +45,16 @@ def split_mined(pool: pd.DataFrame, successes: list[int], max_successes: int, he
 
 
 def main() -> None:
-    p, gen, chat, models, data = load_params("mine", "generation", "chat", "models", "data")
+    p, gen, chat, answer, models, data, compute = load_params("mine", "generation", "chat", "answer", "models",
+                                                              "data", "compute")
     pool = read_table(data.hard_pool, "hard_pool")
-    generator = open_generator(models.post, gen, models.trust_remote_code)
+    fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
+    generator = open_generator(models.post, gen, fmt, models.trust_remote_code, device=resolve_device(compute.device))
     spec = SamplingSpec(n=p.k, temperature=p.temperature, top_p=gen.top_p, max_new_tokens=p.max_new_tokens,
                         seed=p.seed)
-    outs = generator.generate([render_prompt(q, chat.thinking) for q in pool["question"]], spec)
+    outs = generator.generate([fmt.prompt_ids(q) for q in pool["question"]], spec)
     generator.close()
-    successes = mine_counts(pool, [[c.text for c in o] for o in outs], chat.thinking)
+    successes = mine_counts(pool, [[c.text for c in o] for o in outs], Grader(fmt.chat, fmt.answer, "math"))
     train, test, counts = split_mined(pool, successes, p.max_successes, p.heldout, p.seed)
     counts["k"] = p.k
     write_parquet("data/mined/train.parquet", train)

@@ -19,6 +19,7 @@ import torch
 from graft.cli import run_stage
 from graft.atomic import write_json, write_parquet
 from graft.finetuning import init_distributed, relaunch_under_torchrun, spec_from_params, train_to_snapshots
+from graft.chat import open_chat
 from graft.modeling import load_model, load_tokenizer
 from graft.opsd import OPSDExample, OPSDObjective
 from graft.schema import load_params
@@ -31,20 +32,22 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, required=True)
     ap.add_argument("--lr", type=float, required=True)
     args = ap.parse_args()
-    o, p, gen, chat, models = load_params("opsd", "finetune", "generation", "chat", "models")
+    o, p, gen, chat, answer, models, compute = load_params("opsd", "finetune", "generation", "chat", "answer", "models",
+                                                           "compute")
     require(args.alpha, o.alphas, "opsd.alphas", "--alpha")
     require(args.lr, p.lrs, "finetune.lrs", "--lr")
     if relaunch_under_torchrun(p.num_processes, "stages.opsd", sys.argv[1:]):
         return
     torch.use_deterministic_algorithms(True)
-    info = init_distributed()
+    info = init_distributed(compute.device)
     data_path = f"data/offpolicy/{p.source}.parquet"
     data = read_table(data_path, "offpolicy")
-    model = load_model(models.post, p.dtype, models.trust_remote_code).to(info.device)
+    model = load_model(models.post, p.dtype, models.trust_remote_code, info.device)
     teacher = copy.deepcopy(model).eval()  # frozen: the post model conditioned on the demonstration
     tokenizer = load_tokenizer(models.post, models.trust_remote_code)
+    fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
     examples = [OPSDExample(q, t, a) for q, t, a in zip(data["question"], data["think"], data["answer"])]
-    objective = OPSDObjective(teacher, tokenizer, examples, chat.thinking, args.alpha, o.top_k, o.temperature,
+    objective = OPSDObjective(teacher, tokenizer, fmt, examples, args.alpha, o.top_k, o.temperature,
                               gen.top_p, o.max_new_tokens, o.seed, p.max_len)
     name = f"alpha{args.alpha}_lr{args.lr}"
     log = train_to_snapshots(
@@ -53,7 +56,7 @@ def main() -> None:
         settings={"stage": "opsd", "alpha": args.alpha, "lr": args.lr,
                   "finetune": {k: v for k, v in p.items() if k != "lrs"},
                   "opsd": {k: v for k, v in o.items() if k != "alphas"},
-                  "top_p": gen.top_p, "thinking": chat.thinking}, dist_info=info, desc=f"opsd {name}",
+                  "top_p": gen.top_p, "chat": dict(chat), "answer": dict(answer)}, dist_info=info, desc=f"opsd {name}",
         live_dir=Path(f"reports/opsd/live/{name}"))
     if info.main:
         write_json(f"reports/opsd/{name}.json", log.curve)

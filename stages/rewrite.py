@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 
 from graft.atomic import write_parquet
-from graft.chat import render_prompt
+from graft.chat import open_chat
 from graft.cli import run_stage
 from graft.generation import SamplingSpec, open_generator
+from graft.grading import Grader
 from graft.likelihood import mean_token_nll
-from graft.modeling import load_model, load_tokenizer
+from graft.modeling import load_model, resolve_device
 from graft.offpolicy import accept_rewrites
 from graft.schema import load_params
 from graft.tables import read_table
@@ -24,23 +25,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
     name = ap.parse_args().name
-    p, gen, chat, models = load_params("synthself", "generation", "chat", "models")
+    p, gen, chat, answer, models, compute = load_params("synthself", "generation", "chat", "answer", "models",
+                                                        "compute")
     if name != "student" and name not in p.aligners:
         raise ValueError(f"--name {name} is not a key of params.yaml synthself.aligners {sorted(p.aligners)}")
     model_dir = models.post if name == "student" else p.aligners[name]
     train = read_table("data/mined/train.parquet", "hard_pool")
-    prompts = [render_prompt(rewrite_question(q, s), chat.thinking)
-               for q, s in zip(train["question"], train["solution"])]
-    generator = open_generator(model_dir, gen, models.trust_remote_code)
+    device = resolve_device(compute.device)
+    # the candidate writes in its own family's template (same tokenizer as the student: check_compatible)
+    cand = open_chat(model_dir, chat, answer, models.trust_remote_code)
+    prompts = [cand.prompt_ids(rewrite_question(q, s)) for q, s in zip(train["question"], train["solution"])]
+    generator = open_generator(model_dir, gen, cand, models.trust_remote_code, device=device)
     outs = generator.generate(prompts, SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=p.max_new_tokens,
                                                     seed=0))
     generator.close()
-    table = accept_rewrites(train, [o[0].text for o in outs], chat.thinking)
-    student = load_model(models.post, "float32", models.trust_remote_code)
-    tok = load_tokenizer(models.post, models.trust_remote_code)
-    pairs = [(tok(render_prompt(q, chat.thinking), add_special_tokens=False)["input_ids"], list(o[0].token_ids))
-             for q, o in zip(train["question"], outs)]
-    table["student_nll"] = mean_token_nll(student, pairs, tok.pad_token_id)
+    table = accept_rewrites(train, [o[0].text for o in outs], Grader(cand.chat, cand.answer, "math"))
+    fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
+    student = load_model(models.post, "float32", models.trust_remote_code, device)
+    pairs = [(fmt.prompt_ids(q), list(o[0].token_ids)) for q, o in zip(train["question"], outs)]
+    table["student_nll"] = mean_token_nll(student, pairs, fmt.pad_id)
     table["candidate"] = name
     write_parquet(f"reports/synthself/rewrites/{name}.parquet", table)
     print(f"rewrite {name}: {int(table.accepted.sum())}/{len(table)} kept the gold answer, "

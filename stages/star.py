@@ -8,23 +8,26 @@ An empty table is a valid result here (a problem set the model never solves); fi
 from __future__ import annotations
 
 from graft.atomic import write_json, write_parquet
-from graft.chat import render_prompt
+from graft.chat import open_chat
 from graft.cli import run_stage
 from graft.generation import SamplingSpec, open_generator
+from graft.grading import Grader
+from graft.modeling import resolve_device
 from graft.offpolicy import star_traces
 from graft.schema import load_params
 from graft.tables import read_table
 
 
 def main() -> None:
-    p, gen, chat, models = load_params("star", "generation", "chat", "models")
+    p, gen, chat, answer, models, compute = load_params("star", "generation", "chat", "answer", "models", "compute")
     train = read_table("data/mined/train.parquet", "hard_pool")
-    generator = open_generator(models.post, gen, models.trust_remote_code)
-    outs = generator.generate([render_prompt(q, chat.thinking) for q in train["question"]],
+    fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
+    generator = open_generator(models.post, gen, fmt, models.trust_remote_code, device=resolve_device(compute.device))
+    outs = generator.generate([fmt.prompt_ids(q) for q in train["question"]],
                               SamplingSpec(n=p.attempts, temperature=p.temperature, top_p=gen.top_p,
                                            max_new_tokens=p.max_new_tokens, seed=p.seed))
     generator.close()
-    traces, counts = star_traces(train, [[c.text for c in o] for o in outs], chat.thinking)
+    traces, counts = star_traces(train, [[c.text for c in o] for o in outs], Grader(fmt.chat, fmt.answer, "math"))
     write_parquet("reports/star/counts.parquet", counts)
     write_json("reports/star/summary.json", {"problems": len(train), "solved": len(traces),
                                              "attempts_per_problem": p.attempts,

@@ -12,28 +12,24 @@ from __future__ import annotations
 import pandas as pd
 
 from graft.atomic import write_json, write_parquet
-from graft.chat import render_prompt, render_response
+from graft.chat import open_chat
 from graft.cli import run_stage
 from graft.likelihood import mean_token_nll
-from graft.modeling import load_model, load_tokenizer
+from graft.modeling import load_model, resolve_device
 from graft.offpolicy import COLUMNS, select_aligner
 from graft.schema import load_params
 from graft.tables import read_table
 
 
 def main() -> None:
-    p, chat, models = load_params("synthself", "chat", "models")
+    p, chat, answer, models, compute = load_params("synthself", "chat", "answer", "models", "compute")
     train = read_table("data/mined/train.parquet", "hard_pool")
     tables = {n: pd.read_parquet(f"reports/synthself/rewrites/{n}.parquet") for n in [*sorted(p.aligners), "student"]}
-    student = load_model(models.post, "float32", models.trust_remote_code)
-    tok = load_tokenizer(models.post, models.trust_remote_code)
-
-    def ids(text: str) -> list[int]:
-        return tok(text, add_special_tokens=False)["input_ids"]
-
+    student = load_model(models.post, "float32", models.trust_remote_code, resolve_device(compute.device))
+    fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
     gold_nll = float(pd.Series(mean_token_nll(student, [
-        (ids(render_prompt(q, chat.thinking)), ids(render_response(s, a, chat.thinking)))
-        for q, s, a in zip(train["question"], train["solution"], train["answer"])], tok.pad_token_id)).mean())
+        (fmt.prompt_ids(q), fmt.response_ids(s, a))
+        for q, s, a in zip(train["question"], train["solution"], train["answer"])], fmt.pad_id)).mean())
     student_acc = float(tables["student"].accepted.mean())
     cands = pd.DataFrame([{"name": n, "model": p.aligners[n], "accuracy": float(tables[n].accepted.mean()),
                            "nll": float(tables[n].student_nll.mean())} for n in sorted(p.aligners)])

@@ -1,4 +1,8 @@
-"""world: build the embedded toy world (model family + task data) -> models/world/*, data/world/*."""
+"""world: build the embedded toy world (model family + task data) -> models/world/*, data/world/*.
+
+The world writes to its own fixed folders, whatever ``models`` and ``data`` in params.yaml point at: the default
+params point there, and a user's own model and data are never touched by it (nor make it rebuild).
+"""
 from __future__ import annotations
 
 import json
@@ -6,29 +10,27 @@ from pathlib import Path
 
 from graft.atomic import atomic_dir, write_json, write_parquet
 from graft.modeling import save_model_dir
-from graft.params import ParamsError
 from graft.schema_world import load_world_params
 from graft.world import build_world
+
+MODELS, DATA = Path("models/world"), Path("data/world")
 
 
 def main() -> None:
     sections = load_world_params()
-    p, chat, models, data = (sections[k] for k in ("world", "chat", "models", "data"))
-    out_models = {f"pretrain_{i}": Path(d) for i, d in enumerate(models.pretrain_checkpoints)}
-    out_models.update(base=Path(models.base), post=Path(models.post), aligner=Path(models.aligner))
+    p = sections["world"]
+    out_models = {f"pretrain_{i}": MODELS / f"pretrain_{i}" for i in range(len(p.pretrain.checkpoints))}
+    out_models.update(base=MODELS / "base", post=MODELS / "post", aligner=MODELS / "aligner")
 
     def write_model(model, tokenizer, path: Path) -> None:
         with atomic_dir(path) as tmp:
             save_model_dir(model, tokenizer, tmp)
 
-    tables, curves = build_world(p, chat.thinking, out_models, write_model)
-    suites = set(tables) - {"hard_pool", "retention"}
-    if set(data.old_suites) != suites:
-        raise ParamsError(f"params.yaml: data.old_suites must name the world's suites {sorted(suites)}")
-    for name in sorted(suites):
-        write_parquet(data.old_suites[name], tables[name])
-    write_parquet(data.hard_pool, tables["hard_pool"])
-    write_parquet(data.retention, tables["retention"])
+    tables, curves = build_world(p, p.thinking, out_models, write_model)
+    for name in sorted(set(tables) - {"hard_pool", "retention"}):
+        write_parquet(DATA / f"old_{name}.parquet", tables[name])
+    write_parquet(DATA / "hard_pool.parquet", tables["hard_pool"])
+    write_parquet(DATA / "retention.parquet", tables["retention"])
     summary = {name: {"steps": len(c), "first_loss": c[0], "final_loss": sum(c[-10:]) / len(c[-10:])}
                for name, c in curves.items()}
     write_json("reports/world.json", summary)

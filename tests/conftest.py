@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graft.chat import render_prompt, render_response
+from graft.family_chat import render_prompt, render_response
 from graft.modeling import new_model, qwen3_config, save_model_dir, train_tokenizer
 from graft.tasks import make_problem, raw_text
 
@@ -32,5 +32,37 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     model = new_model(qwen3_config(tiny_tokenizer, TINY_SHAPE, 128), seed=0)
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)
+    save_model_dir(model, tiny_tokenizer, out)
+    return out
+
+
+def family_format(tokenizer, thinking: bool = True, fmt: str = "answer_tag"):
+    """The embedded family's ChatFormat (its tokenizer's own template, answer tags)."""
+    from graft.chat import AnswerFormat, ChatFormat, ChatSpec
+
+    return ChatFormat(tokenizer, ChatSpec(thinking), AnswerFormat(fmt))
+
+
+def family_grader(kind: str = "math", thinking: bool = True):
+    from graft.chat import AnswerFormat, ChatSpec
+    from graft.grading import Grader
+
+    return Grader(ChatSpec(thinking), AnswerFormat("answer_tag"), kind)
+
+
+@pytest.fixture(scope="session")
+def tiny_fmt(tiny_tokenizer):
+    return family_format(tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_tied_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """A tiny model with tied embeddings (lm_head = embed_tokens, as SmolLM2, Gemma, Llama-3.2-1B) as an HF dir."""
+    out = tmp_path_factory.mktemp("tied") / "model"
+    out.mkdir()
+    cfg = qwen3_config(tiny_tokenizer, TINY_SHAPE, 128)
+    cfg.tie_word_embeddings = True
+    model = new_model(cfg, seed=0)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     save_model_dir(model, tiny_tokenizer, out)
     return out

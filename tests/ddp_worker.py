@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from graft.finetuning import SupervisedObjective, TrainSpec, init_distributed, train
 from graft.modeling import load_model, load_tokenizer
 from graft.training import SFTExample, encode_sft
+from tests.conftest import family_format
 
 EXAMPLES = [SFTExample(f"{a}-{b}=?", f"{a}-{b}={a - b}", str(a - b))
             for a, b in [(9, 3), (17, 5), (40, 12), (8, 8), (73, 21), (55, 9), (31, 30)]]
@@ -23,7 +24,7 @@ def main() -> None:
     info = init_distributed()
     tok = load_tokenizer(model_dir)
     model = load_model(model_dir)
-    encoded = [encode_sft(tok, ex, True, 128) for ex in EXAMPLES]
+    encoded = [encode_sft(family_format(tok), ex, 128) for ex in EXAMPLES]
     spec = TrainSpec(lr=1e-3, epochs=2, global_batch=4, micro_batch=micro, warmup_ratio=0.1, weight_decay=0.01,
                      betas=(0.9, 0.95), grad_clip=1.0, seed=5)
     train(model, SupervisedObjective(encoded, tok.pad_token_id), len(encoded), spec,

@@ -11,11 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from graft.finetuning import (SupervisedObjective, TrainSpec, epoch_plan, rank_micro_batches, token_loss_sum,
+from graft.finetuning import (DistInfo, SupervisedObjective, TrainSpec, epoch_plan, rank_micro_batches, token_loss_sum,
                               train)
 from graft.modeling import load_model
 from graft.opsd import OPSDExample, OPSDObjective, generalized_jsd, topk_divergence
 from graft.training import IGNORE, SFTExample, encode_sft
+from tests.conftest import family_format
 from tests.conftest import REPO
 from tests.ddp_worker import EXAMPLES
 
@@ -83,7 +84,7 @@ def test_dft_weights_cross_entropy_by_detached_probability():
 
 
 def test_supervised_loss_ignores_every_prompt_token(tiny_tokenizer):
-    ids, labels = encode_sft(tiny_tokenizer, EXAMPLES[0], True, 256)
+    ids, labels = encode_sft(family_format(tiny_tokenizer), EXAMPLES[0], 256)
     obj = SupervisedObjective([(ids, labels)], tiny_tokenizer.pad_token_id)
     n_resp = sum(1 for y in labels if y != IGNORE)
     assert obj.normalizer([0]) == n_resp
@@ -116,7 +117,7 @@ def _spec(**kw) -> TrainSpec:
 def _fit(model_dir, tok, spec, **kw):
     torch.use_deterministic_algorithms(True)
     model = load_model(model_dir)
-    encoded = [encode_sft(tok, ex, True, 128) for ex in EXAMPLES]
+    encoded = [encode_sft(family_format(tok), ex, 128) for ex in EXAMPLES]
     snaps = {}
     log = train(model, SupervisedObjective(encoded, tok.pad_token_id), len(encoded), spec,
                 on_epoch_end=lambda e, m: snaps.__setitem__(e, {k: v.clone() for k, v in m.state_dict().items()}),
@@ -170,7 +171,8 @@ def test_opsd_objective_is_independent_of_the_micro_batch_split(tiny_model_dir, 
     torch.use_deterministic_algorithms(True)
     student, teacher = load_model(tiny_model_dir), load_model(tiny_model_dir)
     examples = [OPSDExample(e.question, e.think, e.answer) for e in EXAMPLES[:3]]
-    obj = OPSDObjective(teacher, tiny_tokenizer, examples, True, 0.5, 20, 1.0, 1.0, 12, seed=3, max_len=128)
+    obj = OPSDObjective(teacher, tiny_tokenizer, family_format(tiny_tokenizer), examples, 0.5, 20, 1.0, 1.0, 12,
+                        seed=3, max_len=128)
     whole, _ = obj.loss_sum(student, [0, 1, 2], step=4)
     parts = sum(obj.loss_sum(student, [i], step=4)[0] for i in range(3))
     assert float(whole) == pytest.approx(float(parts), rel=1e-5)
@@ -186,7 +188,40 @@ def test_opsd_teacher_equal_to_student_gives_zero_loss_without_demonstration_eff
     # student and teacher share weights; the demonstration in the teacher prompt is the only difference
     student, teacher = load_model(tiny_model_dir), load_model(tiny_model_dir)
     examples = [OPSDExample(e.question, e.think, e.answer) for e in EXAMPLES[:2]]
-    obj = OPSDObjective(teacher, tiny_tokenizer, examples, True, 0.0, 1000, 1.0, 1.0, 8, seed=0, max_len=128)
+    obj = OPSDObjective(teacher, tiny_tokenizer, family_format(tiny_tokenizer), examples, 0.0, 1000, 1.0, 1.0, 8,
+                        seed=0, max_len=128)
     obj.teacher_prompts = obj.student_prompts   # same prompt: D_alpha must vanish exactly
     loss, _ = obj.loss_sum(student, [0, 1], step=0)
     assert float(loss) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_tied_embeddings_checkpoint_resume_and_snapshot(tiny_tied_dir, tiny_tokenizer, tmp_path):
+    """Resume checkpoints of a tied model (safetensors refuses shared tensors in one state dict): a cut run resumes
+    bitwise, the tie survives, and the epoch snapshots keep the starting model's generation config."""
+    import json
+
+    from graft.finetuning import train_to_snapshots
+    from graft.modeling import load_tokenizer
+
+    spec = _spec(checkpoint_every=1)
+    ref, _, ref_log = _fit(tiny_tied_dir, tiny_tokenizer, spec)
+    work = tmp_path / "work"
+    _fit(tiny_tied_dir, tiny_tokenizer, spec, workdir=work, stop_after=3)
+    resumed, _, log = _fit(tiny_tied_dir, tiny_tokenizer, spec, workdir=work)
+    assert log.resumed_from == 3 and [r["loss"] for r in log.curve] == [r["loss"] for r in ref_log.curve]
+    assert resumed.lm_head.weight.data_ptr() == resumed.model.embed_tokens.weight.data_ptr()
+    for (n, a), (_, b) in zip(ref.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), n
+    # through the stage driver: snapshots on disk, loadable, still tied, generation config untouched
+    gen_cfg = json.loads((tiny_tied_dir / "generation_config.json").read_text())
+    model = load_model(tiny_tied_dir)
+    tok = load_tokenizer(tiny_tied_dir)
+    encoded = [encode_sft(family_format(tok), ex, 128) for ex in EXAMPLES]
+    out = tmp_path / "snaps"
+    train_to_snapshots(model, tok, SupervisedObjective(encoded, tok.pad_token_id), len(encoded), spec, out=out,
+                       inputs=[tiny_tied_dir], settings={"t": 1}, dist_info=DistInfo(), desc="tied",
+                       work_root=tmp_path / "w")
+    snap = load_model(out / "epoch2")
+    assert snap.lm_head.weight.data_ptr() == snap.model.embed_tokens.weight.data_ptr()
+    saved = json.loads((out / "epoch2" / "generation_config.json").read_text())
+    assert (saved["eos_token_id"], saved["pad_token_id"]) == (gen_cfg["eos_token_id"], gen_cfg["pad_token_id"])

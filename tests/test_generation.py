@@ -1,14 +1,41 @@
 import pytest
 import torch
 
-from graft.chat import render_prompt
-from graft.generation import HFGenerator, SamplingSpec
+from graft.generation import HFGenerator as _HFGenerator, SamplingSpec
 from graft.merging import merge_into_dir, write_delta
 from graft.modeling import new_model, qwen3_config, save_model_dir
 from graft.points import POINT_LOADER
 
-PROMPTS = [render_prompt(q, True) for q in ("12+7=?", "reverse 1234", "300-7=?")]
+QUESTIONS = ("12+7=?", "reverse 1234", "300-7=?")
+PROMPTS: list[list[int]] = []   # filled by the autouse fixture below (the family tokenizer's template)
+
+
+@pytest.fixture(autouse=True)
+def _prompts(tiny_fmt):
+    PROMPTS[:] = [tiny_fmt.prompt_ids(q) for q in QUESTIONS]
+
+
+def HFGenerator(model_dir, *args, **kw):
+    """The HF backend with the family's stop and pad ids (what open_generator passes)."""
+    from tests.conftest import family_format
+    from graft.modeling import load_tokenizer
+
+    fmt = family_format(load_tokenizer(model_dir))
+    return _HFGenerator(model_dir, fmt.stop_ids, fmt.pad_id, *args, **kw)
 SAMPLED = SamplingSpec(n=2, temperature=1.0, top_p=1.0, max_new_tokens=12, seed=3)
+
+
+def gen_stops(model_dir):
+    from graft.modeling import load_tokenizer
+    from tests.conftest import family_format
+
+    return family_format(load_tokenizer(model_dir)).stop_ids
+
+
+def test_hf_backend_refuses_a_prompt_past_max_model_len(tiny_model_dir):
+    gen = HFGenerator(tiny_model_dir, max_model_len=len(PROMPTS[0]) + 5)
+    with pytest.raises(ValueError, match="prompt 0: .* exceed generation.max_model_len"):
+        gen.generate(PROMPTS[:1], SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=6, seed=0))
 
 
 def ids(out):
@@ -71,9 +98,9 @@ def test_hf_greedy_matches_transformers_generate(tiny_model_dir):
 
     gen = HFGenerator(tiny_model_dir)
     out = gen.generate(PROMPTS[:1], SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=10, seed=0))
-    ids = gen.tokenizer(PROMPTS[0], add_special_tokens=False, return_tensors="pt")["input_ids"]
+    ids = torch.tensor([PROMPTS[0]])
     with torch.no_grad():
-        ref = gen.model.generate(ids, do_sample=False, max_new_tokens=10, eos_token_id=gen.stop_id,
+        ref = gen.model.generate(ids, do_sample=False, max_new_tokens=10, eos_token_id=list(gen.stop_ids),
                                  pad_token_id=gen.pad_id)[0, ids.shape[1]:].tolist()
     assert list(out[0][0].token_ids) == ref
 
@@ -85,7 +112,7 @@ def test_vllm_and_hf_agree_on_greedy(tiny_model_dir):
 
     spec = SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=12, seed=0)
     hf = HFGenerator(tiny_model_dir).generate(PROMPTS, spec)
-    v = VLLMGenerator(tiny_model_dir, max_model_len=128)
+    v = VLLMGenerator(tiny_model_dir, gen_stops(tiny_model_dir), max_model_len=128)
     got = v.generate(PROMPTS, spec)
     try:
         assert ids(got) == ids(hf)
@@ -103,7 +130,7 @@ def test_vllm_shared_engine_equals_a_fresh_engine_per_point(tiny_model_dir, poin
     from graft.generation import VLLMGenerator
 
     delta, merged = point_dirs
-    v = VLLMGenerator(tiny_model_dir, max_model_len=128, worker_extension=POINT_LOADER)
+    v = VLLMGenerator(tiny_model_dir, gen_stops(tiny_model_dir), max_model_len=128, worker_extension=POINT_LOADER)
     try:
         before = v.generate(PROMPTS, SAMPLED)
         v.load_point(tiny_model_dir, delta, 0.7)
@@ -112,7 +139,7 @@ def test_vllm_shared_engine_equals_a_fresh_engine_per_point(tiny_model_dir, poin
         back = v.generate(PROMPTS, SAMPLED)
     finally:
         v.close()
-    fresh = VLLMGenerator(merged, max_model_len=128)
+    fresh = VLLMGenerator(merged, gen_stops(merged), max_model_len=128)
     try:
         alone = fresh.generate(PROMPTS, SAMPLED)
     finally:

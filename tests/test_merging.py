@@ -168,10 +168,13 @@ def test_sharded_bf16_tied_padded_checkpoint_merges_loads_and_generates(tmp_path
         assert torch.equal(w, (post.get(name).float() + 0.5 * delta[name]).to(torch.bfloat16))
     model = load_model(out, dtype="bfloat16")
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
-    gen = HFGenerator(out, dtype="float32")
-    got = gen.generate(["<|im_start|>user\n1+2=?<|im_end|>\n<|im_start|>assistant\n"],
-                       SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=5, seed=0))
-    assert len(got[0][0].token_ids) == 5 or got[0][0].token_ids[-1] == gen.stop_id
+    from tests.conftest import family_format
+
+    fmt = family_format(tiny_tokenizer)
+    gen = HFGenerator(out, fmt.stop_ids, fmt.pad_id, dtype="float32")
+    got = gen.generate([fmt.prompt_ids("1+2=?")], SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=5,
+                                                               seed=0))
+    assert len(got[0][0].token_ids) == 5 or got[0][0].token_ids[-1] in gen.stop_ids
 
 
 def test_mismatched_tensor_names_are_named(tmp_path, tiny_tokenizer):

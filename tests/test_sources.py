@@ -7,12 +7,13 @@ import pandas as pd
 import pytest
 import torch
 
-from graft.chat import EMPTY_THINK, render_prompt, render_response
+from graft.family_chat import EMPTY_THINK
 from graft.knowledge import RELATIONS, invent_facts, phrase_facts
 from graft.likelihood import mean_token_nll
 from graft.modeling import load_model
 from graft.offpolicy import mix_knowledge, select_aligner, star_traces
 from graft.training import SFTExample, encode_sft
+from tests.conftest import family_grader
 
 TRAIN = pd.DataFrame({"problem_id": ["a", "b", "c"], "question": ["9-3=?", "17-5=?", "40-12=?"],
                       "answer": ["6", "12", "28"], "solution": ["x", "y", "z"]})
@@ -28,7 +29,7 @@ def test_star_keeps_only_the_first_verified_attempt():
         ["<think>\n<answer>12</answer> never closes", turn("no", "13")],      # right answer only inside thinking
         [turn("a", "28"), turn("b", "28")],
     ]
-    traces, counts = star_traces(TRAIN, attempts, thinking=True)
+    traces, counts = star_traces(TRAIN, attempts, family_grader())
     assert list(traces.problem_id) == ["a", "c"]
     assert list(traces.think) == ["9-3=6", "a"] and set(traces.source) == {"star"}
     assert list(counts.successes) == [2, 0, 2] and list(counts.kept_sample) == [1, -1, 0]
@@ -60,22 +61,22 @@ def test_knowledge_heldout_phrasings_never_trained():
     assert invent_facts(30, 5, seed=1) == facts and invent_facts(30, 5, seed=2) != facts
 
 
-def test_knowledge_mix_gives_qa_an_empty_think_and_keeps_trace_thinking(tiny_tokenizer):
+def test_knowledge_mix_gives_qa_an_empty_think_and_keeps_trace_thinking(tiny_tokenizer, tiny_fmt):
     qa = pd.DataFrame({"problem_id": ["f0_p0"], "question": ["Who founded Velmora?"], "answer": ["Dran Kos"]})
     replay = pd.DataFrame({"problem_id": ["m1"], "question": ["9-3=?"], "think": ["9-3=6"], "answer": ["6"],
                            "source": ["teacher"]})
     mix = mix_knowledge(qa, replay)
     assert list(mix.think) == ["", "9-3=6"] and list(mix.source) == ["knowledge", "teacher"]
-    assert render_response("", "Dran Kos", True).startswith(EMPTY_THINK)   # the paper's "<think> </think>" prefix
-    assert render_response("9-3=6", "6", True).startswith("<think>\n9-3=6\n</think>")
-    ids, labels = encode_sft(tiny_tokenizer, SFTExample("Who founded Velmora?", "", "Dran Kos"), True, 256)
+    assert tiny_fmt.response_text("", "Dran Kos").startswith(EMPTY_THINK)   # the paper's "<think> </think>" prefix
+    assert tiny_fmt.response_text("9-3=6", "6").startswith("<think>\n9-3=6\n</think>")
+    ids, labels = encode_sft(tiny_fmt, SFTExample("Who founded Velmora?", "", "Dran Kos"), 256)
     assert tiny_tokenizer.decode(ids).endswith(EMPTY_THINK + "<answer>Dran Kos</answer><|im_end|>")
 
 
-def test_mean_token_nll_matches_a_direct_computation(tiny_model_dir, tiny_tokenizer):
+def test_mean_token_nll_matches_a_direct_computation(tiny_model_dir, tiny_tokenizer, tiny_fmt):
     model = load_model(tiny_model_dir)
-    p = tiny_tokenizer(render_prompt("1+2=?", True), add_special_tokens=False)["input_ids"]
-    r = tiny_tokenizer(render_response("1+2=3", "3", True), add_special_tokens=False)["input_ids"]
+    p = tiny_fmt.prompt_ids("1+2=?")
+    r = tiny_fmt.response_ids("1+2=3", "3")
     r2 = r[:5]
     got = mean_token_nll(model, [(p, r), (p, r2)], tiny_tokenizer.pad_token_id, batch_size=2)
     with torch.no_grad():

@@ -6,18 +6,18 @@ from graft.training import IGNORE, OptimConfig, SFTExample, encode_sft, finetune
 EXAMPLES = [SFTExample(f"{a}-{b}=?", f"{a}-{b}={a - b}", str(a - b)) for a, b in [(9, 3), (17, 5), (40, 12), (8, 8)]]
 
 
-def test_assistant_only_loss_masks_every_prompt_token(tiny_tokenizer):
-    from graft.chat import render_prompt
-
-    ids, labels = encode_sft(tiny_tokenizer, EXAMPLES[0], True, 256)
-    n_prompt = len(tiny_tokenizer(render_prompt(EXAMPLES[0].question, True), add_special_tokens=False)["input_ids"])
+def test_assistant_only_loss_masks_every_prompt_token(tiny_fmt):
+    ids, labels = encode_sft(tiny_fmt, EXAMPLES[0], 256)
+    n_prompt = len(tiny_fmt.prompt_ids(EXAMPLES[0].question))
     assert labels[:n_prompt] == [IGNORE] * n_prompt
     assert labels[n_prompt:] == ids[n_prompt:] and len(ids) > n_prompt
 
 
 def _train(model_dir, tok):
+    from tests.conftest import family_format
+
     model = load_model(model_dir)
-    losses = finetune_sft(model, tok, EXAMPLES, True, 128, 2, 2, OptimConfig(lr=1e-3), seed=3)
+    losses = finetune_sft(model, family_format(tok), EXAMPLES, 128, 2, 2, OptimConfig(lr=1e-3), seed=3)
     return model, losses
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import random
 
-from graft.chat import IM_END, parse_response
-from graft.grading import grade_fact
+from graft.family_chat import IM_END
+from tests.conftest import family_grader
 from graft.knowledge import RELATIONS, fact_turns, invent_facts
 from graft.tasks import sample_problems
 from graft.world import pretraining_corpus, pretraining_facts
@@ -37,5 +37,5 @@ def test_pretraining_facts_never_share_a_name_with_injected_facts_and_come_in_ev
     assert len(turns) == 3 * 8
     for t, f in zip(turns, [f for f in pre[:3] for _ in range(8)]):
         prompt, response = t.split("<|im_start|>assistant\n")
-        assert f.entity in prompt and grade_fact(response, f.answer, True) == (f.answer, True)
-        assert parse_response(response, True).think == ""     # the injection data's empty think block
+        assert f.entity in prompt and family_grader("fact")(response, f.answer) == (f.answer, True)
+        assert family_grader("fact").parse(response).think == ""     # the injection data's empty think block

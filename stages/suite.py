@@ -1,0 +1,30 @@
+"""suite: one old-task suite of params.yaml ``data.old_suites``, validated and written where the evaluation reads it.
+
+python -m stages.suite --name <key of data.old_suites>  ->  data/suites/<name>.parquet (``problems`` schema)
+One stage per suite (dvc.yaml foreach), so a user's suites, however many and wherever they are, need no dvc.yaml
+edit, and changing one suite re-scores the sweep without touching the others' validation.
+"""
+from __future__ import annotations
+
+import argparse
+
+from graft.atomic import write_parquet
+from graft.cli import run_stage
+from graft.schema import load_params
+from graft.tables import read_table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--name", required=True)
+    name = ap.parse_args().name
+    data = load_params("data")
+    if name not in data.old_suites:
+        raise ValueError(f"--name {name} is not a key of params.yaml data.old_suites {sorted(data.old_suites)}")
+    table = read_table(data.old_suites[name].path, "problems")
+    write_parquet(f"data/suites/{name}.parquet", table)
+    print(f"suite {name}: {len(table)} problems from {data.old_suites[name].path}")
+
+
+if __name__ == "__main__":
+    run_stage(main)
