@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from graft.chat import ChatFormat, ChatSpec, answer_format
-from graft.generation import Generator, SamplingSpec
+from graft.generation import Generator, SamplingSpec, table_labels
 from graft.grading import Grader
 from graft.passk import mean_pass_at_k
 from graft.tables import read_table
@@ -20,6 +20,7 @@ SUITES = Path("data/suites")   # the old suites as the suite stage validated the
 class Suite:
     """A table of problems, the chat format its prompts are written in, how it is graded and sampled."""
     problems: pd.DataFrame
+    name: str                # the table it was read from (named in errors)
     fmt: ChatFormat
     grader: Grader
     spec: SamplingSpec
@@ -43,28 +44,30 @@ def evaluation_suites(allp) -> tuple[Suite, dict[str, Suite], dict[str, Path]]:
     new_fmt = fmt_of()
     if ft.source == "knowledge":  # recall of injected facts on held-out phrasings: greedy, exact match
         paths = {"new": Path("data/knowledge/heldout.parquet")}
-        new_task = Suite(read_table(paths["new"], "problems"), new_fmt, Grader(spec_chat, new_fmt.answer, "fact"),
+        new_task = Suite(read_table(paths["new"], "problems"), str(paths["new"]), new_fmt,
+                         Grader(spec_chat, new_fmt.answer, "fact"),
                          SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=p.max_new_tokens, seed=p.seed))
     else:                         # held-out mined problems: n samples at the evaluation temperature
         paths = {"new": Path("data/mined/heldout.parquet")}
-        new_task = Suite(read_table(paths["new"], "hard_pool"), new_fmt, Grader(spec_chat, new_fmt.answer, "math"),
-                         spec)
+        new_task = Suite(read_table(paths["new"], "hard_pool"), str(paths["new"]), new_fmt,
+                         Grader(spec_chat, new_fmt.answer, "math"), spec)
     suites = {}
     for name, s in sorted(data.old_suites.items()):
         paths[name] = SUITES / f"{name}.parquet"
         f = fmt_of(s)
-        suites[name] = Suite(read_table(paths[name], "problems"), f, Grader(spec_chat, f.answer, s.grader), spec)
+        suites[name] = Suite(read_table(paths[name], "problems"), str(paths[name]), f,
+                             Grader(spec_chat, f.answer, s.grader), spec)
     return new_task, suites, paths
 
 
 def sample_and_grade(generator: Generator, suite: Suite, task: str) -> pd.DataFrame:
     """One row per (problem, sample): text, extracted answer, grade."""
     prompts = [suite.fmt.prompt_ids(q) for q in suite.problems["question"]]
-    outs = generator.generate(prompts, suite.spec)
+    outs = generator.generate(prompts, suite.spec, labels=table_labels(suite.name, suite.problems["problem_id"]))
     rows = []
     for (pid, gold), comps in zip(zip(suite.problems["problem_id"], suite.problems["answer"]), outs):
         for j, c in enumerate(comps):
-            answer, ok = suite.grader(c.text, gold)
+            answer, ok = suite.grader.grade(c, gold)
             rows.append({"task": task, "problem_id": pid, "sample": j, "text": c.text, "answer": answer,
                          "gold": gold, "correct": bool(ok), "n_tokens": len(c.token_ids)})
     return pd.DataFrame(rows, columns=["task", "problem_id", "sample", "text", "answer", "gold", "correct",

@@ -119,6 +119,11 @@ class SupervisedObjective:
         self.encoded, self.pad_id, self.kind = encoded, pad_id, kind
         # targets are labels shifted by one, so the first label never counts
         self.n_targets = [sum(1 for y in labels[1:] if y != IGNORE) for _, labels in encoded]
+        empty = [i for i, n in enumerate(self.n_targets) if n == 0]
+        if empty:  # truncation cut the whole response: training on it would learn nothing and report success
+            raise ValueError(f"{len(empty)} of {len(encoded)} training examples have no response token left after "
+                             f"truncation (first: row {empty[0]}, {len(encoded[empty[0]][0])} tokens); raise "
+                             "finetune.max_len")
 
     def normalizer(self, batch: Sequence[int]) -> float:
         return float(max(1, sum(self.n_targets[i] for i in batch)))
@@ -253,6 +258,19 @@ def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: T
     return log
 
 
+def code_fingerprint() -> dict[str, str]:
+    """sha256 of every graft/stages module this process has loaded: a checkpoint written by other code is never
+    resumed (it would give a model neither version produces)."""
+    import sys
+
+    out = {}
+    for name, mod in sorted(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if f and name.split(".")[0] in ("graft", "stages") and f.endswith(".py"):
+            out[name] = hashlib.sha256(Path(f).read_bytes()).hexdigest()
+    return out
+
+
 def fingerprint(files: Sequence[str | Path], extra: dict) -> str:
     """A key for a run's resume directory: the content of every input file and the settings. A checkpoint is only
     resumed by the exact run that wrote it."""
@@ -339,7 +357,7 @@ def train_to_snapshots(model: torch.nn.Module, tokenizer, objective: Objective, 
     learning rate per step, written as training runs (``dvc plots show``, ``dvc exp show``)."""
     from graft.modeling import save_snapshot
 
-    key = fingerprint(inputs, {**settings, "world": dist_info.world})
+    key = fingerprint(inputs, {**settings, "world": dist_info.world, "code": code_fingerprint()})
     workdir = work_root / f"{out.name}-{key}"
 
     def save_epoch(epoch: int, m: torch.nn.Module) -> None:

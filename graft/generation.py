@@ -32,10 +32,12 @@ class SamplingSpec:
 class Completion:
     text: str                   # decoded completion, without the end-of-turn token
     token_ids: tuple[int, ...]  # generated ids, the end-of-turn token included when the turn ended
+    finished: bool = True       # the turn ended with a stop id (False: cut at max_new_tokens)
 
 
 class Generator(Protocol):
-    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Completion]]: ...
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec,
+                 labels: Sequence[str] | None = None) -> list[list[Completion]]: ...
     def load_point(self, model: str | Path, delta: str | Path | None, lam: float | None) -> None: ...
     def close(self) -> None: ...
 
@@ -127,11 +129,14 @@ class HFGenerator:
             next_pos = next_pos + 1
         return result
 
-    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec,
+                 labels: Sequence[str] | None = None) -> list[list[Completion]]:
+        """``labels`` name each prompt in errors (table and problem id)."""
         rows = []
         for i, prompt in enumerate(prompts):
             ids = list(prompt)
-            check_length(i, len(ids), spec.max_new_tokens, self.max_model_len)
+            check_length(labels[i] if labels else f"prompt {i}", len(ids), spec.max_new_tokens,
+                         self.max_model_len)
             for j in range(spec.n):
                 g = torch.Generator().manual_seed(request_seed(request_seed(spec.seed, i), j))
                 rows.append((i, ids, g))
@@ -141,7 +146,8 @@ class HFGenerator:
             toks = self.generate_rows([(ids, g) for _, ids, g in chunk], spec)
             for (i, _, _), t in zip(chunk, toks):
                 body = t[:-1] if t and t[-1] in self.stop_ids else t
-                out[i].append(Completion(self.tokenizer.decode(body, skip_special_tokens=False), tuple(t)))
+                out[i].append(Completion(self.tokenizer.decode(body, skip_special_tokens=False), tuple(t),
+                                         bool(t) and t[-1] in self.stop_ids))
         return out
 
     def load_point(self, model: str | Path, delta: str | Path | None = None, lam: float | None = None) -> None:
@@ -198,13 +204,15 @@ class VLLMGenerator:
                        trust_remote_code=trust_remote_code, worker_extension_cls=worker_extension or "")
         self.worker_extension = worker_extension
 
-    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec,
+                 labels: Sequence[str] | None = None) -> list[list[Completion]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         reqs, params = [], []
         for i, prompt in enumerate(prompts):
-            check_length(i, len(prompt), spec.max_new_tokens, self.max_model_len)
+            check_length(labels[i] if labels else f"prompt {i}", len(prompt), spec.max_new_tokens,
+                         self.max_model_len)
             reqs.append(TokensPrompt(prompt_token_ids=list(prompt)))
             # the model's own stop ids (end of turn, EOS, the generation config's), the set the HF backend stops at
             params.append(SamplingParams(
@@ -212,7 +220,8 @@ class VLLMGenerator:
                 seed=request_seed(spec.seed, i), stop_token_ids=self.stop_ids, skip_special_tokens=False,
                 spaces_between_special_tokens=False))
         outs = self.llm.generate(reqs, params, use_tqdm=True)
-        return [[Completion(self._strip_stop(o.text, o.token_ids), tuple(o.token_ids)) for o in r.outputs]
+        return [[Completion(self._strip_stop(o.text, o.token_ids), tuple(o.token_ids),
+                            bool(o.token_ids) and o.token_ids[-1] in self.stop_ids) for o in r.outputs]
                 for r in outs]
 
     def _strip_stop(self, text: str, token_ids: Sequence[int]) -> str:
@@ -236,11 +245,17 @@ class VLLMGenerator:
         self.llm = None
 
 
-def check_length(index: int, prompt_tokens: int, max_new_tokens: int, max_model_len: int | None) -> None:
-    """Both backends refuse the same requests: a prompt plus its new tokens must fit generation.max_model_len."""
+def check_length(label: str, prompt_tokens: int, max_new_tokens: int, max_model_len: int | None) -> None:
+    """Both backends refuse the same requests, before any work: a prompt plus its new tokens must fit
+    generation.max_model_len."""
     if max_model_len is not None and prompt_tokens + max_new_tokens > max_model_len:
-        raise ValueError(f"prompt {index}: {prompt_tokens} tokens + {max_new_tokens} new tokens exceed "
+        raise ValueError(f"{label}: the prompt's {prompt_tokens} tokens + {max_new_tokens} new tokens exceed "
                          f"generation.max_model_len ({max_model_len})")
+
+
+def table_labels(table: str | Path, problem_ids: Sequence[str]) -> list[str]:
+    """Names of a table's prompts for errors: ``<table> problem <id>``."""
+    return [f"{table} problem {pid}" for pid in problem_ids]
 
 
 def open_generator(model_dir: str | Path, gen_params, fmt, trust_remote_code: bool = False,

@@ -26,20 +26,29 @@ def normalise_fact(text: str) -> str:
     return text.strip(" .!?,;:\"'")
 
 
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+
+
+def last_number(sentence: str) -> str | None:
+    """The last number written in a line of prose ("7 + 5 = 12." -> "12"; thousands commas dropped)."""
+    found = _NUMBER.findall(sentence)
+    return found[-1].replace(",", "") if found else None
+
+
 @lru_cache(maxsize=65536)
-def _parsed(text: str, sentence: bool = False):
+def _parsed(text: str):
     # A bare answer like "45" or "3/4" is parsed as math; wrapping in $...$ lets math-verify read LaTeX too.
-    got = parse(f"${text}$")
-    # a sentence ("7 + 5 = 12.", a final_line answer) is not one expression: math-verify's own extraction finds
-    # its last answer
-    return parse(text) if sentence and not got else got
+    return parse(f"${text}$")
 
 
 def math_equal(pred: str, gold: str, sentence: bool = False) -> bool:
-    """``sentence``: the prediction may be a line of prose ending in the answer (final_line), not a bare answer."""
+    """``sentence``: the prediction is a line of prose (final_line): its answer is the last number in it, and a
+    line with none is read as math as it is."""
+    if sentence:
+        pred = last_number(pred) or pred
     if pred.strip() == gold.strip():
         return True
-    g, p = _parsed(gold), _parsed(pred, sentence)
+    g, p = _parsed(gold), _parsed(pred)
     if not g or not p:
         return False
     return bool(verify(g, p))
@@ -68,8 +77,16 @@ class Grader:
     def parse(self, text: str) -> ParsedResponse:
         return parse_response(text, self.chat, self.answer)
 
+    def grade(self, completion, gold: str) -> tuple[str | None, bool]:
+        """(extracted answer, correct) for one ``generation.Completion``. A turn cut at max_new_tokens has no final
+        line: under ``final_line`` it is wrong (whatever number the cut happened to end on); a tag or box it wrote
+        before the cut still counts."""
+        if self.answer.format == "final_line" and not completion.finished:
+            return None, False
+        return self(completion.text, gold)
+
     def __call__(self, text: str, gold: str) -> tuple[str | None, bool]:
-        """(extracted answer, correct) for one generated assistant turn."""
+        """(extracted answer, correct) for one generated assistant turn (a finished one)."""
         answer = self.parse(text).answer
         if answer is None or answer == "":
             return answer, False

@@ -230,6 +230,14 @@ def merge_tensor(post: torch.Tensor, delta: torch.Tensor, keep: torch.Tensor | N
     return (post.float() + lam * d).to(post.dtype)
 
 
+def check_merged_finite(name: str, merged: torch.Tensor) -> torch.Tensor:
+    """A merged tensor in its own dtype must be finite (fp16 overflows at 65504 where the fp32 arithmetic did not)."""
+    if merged.is_floating_point() and not bool(torch.isfinite(merged).all()):
+        raise FloatingPointError(f"tensor {name}: the merged weights overflow {merged.dtype} (NaN or Inf); merge "
+                                 "into a wider dtype or lower lambda")
+    return merged
+
+
 def merge_into_dir(post_dir: str | Path, delta_path: str | Path, lam: float, out_dir: str | Path,
                    combine: Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> None:
     """Write post + lam * delta as a model directory sharded like the post model, one tensor in memory at a time.
@@ -248,7 +256,7 @@ def merge_into_dir(post_dir: str | Path, delta_path: str | Path, lam: float, out
             d = delta.get(name)
             if d.is_floating_point() and not bool(torch.isfinite(d).all()):
                 raise FloatingPointError(f"tensor {name}: {delta_path} has NaN or Inf")
-            return rule(name, post.get(name), d)
+            return check_merged_finite(name, rule(name, post.get(name), d))
 
         write_like(post, out_dir, None, produce)
         if (Path(post_dir) / INDEX).exists():  # keep the post model's own index metadata (e.g. total_size)

@@ -1,8 +1,11 @@
 """Off-policy data sources, all written in the ``offpolicy`` table schema."""
 from __future__ import annotations
 
+import unicodedata
+
 import pandas as pd
 
+from graft.generation import Completion
 from graft.grading import Grader
 
 COLUMNS = ["problem_id", "question", "think", "answer", "source"]
@@ -16,35 +19,37 @@ def teacher_traces(train: pd.DataFrame) -> pd.DataFrame:
     return out[COLUMNS]
 
 
-def accept_rewrites(train: pd.DataFrame, rewrites: list[str], grader: Grader) -> pd.DataFrame:
+def accept_rewrites(train: pd.DataFrame, rewrites: list[Completion], grader: Grader) -> pd.DataFrame:
     """SynthSelf rejection: keep a rewrite only if its final answer equals the gold answer (never replaced by it).
 
     Returns every rewrite with its extracted answer and ``accepted`` flag; accepted rows carry the rewrite's
     reasoning as ``think``.
     """
     rows = []
-    for (pid, q, gold), text in zip(zip(train["problem_id"], train["question"], train["answer"]), rewrites):
+    for (pid, q, gold), c in zip(zip(train["problem_id"], train["question"], train["answer"]), rewrites):
+        text = c.text
         parsed = grader.parse(text)
-        ok = grader(text, gold)[1] and bool(parsed.think)
+        ok = grader.grade(c, gold)[1] and bool(parsed.think)
         rows.append({"problem_id": pid, "question": q, "think": parsed.think or "", "answer": gold,
                      "source": "synthself", "rewrite": text, "rewrite_answer": parsed.answer, "accepted": ok})
     return pd.DataFrame(rows, columns=COLUMNS + ["rewrite", "rewrite_answer", "accepted"])
 
 
-def star_traces(train: pd.DataFrame, attempts: list[list[str]], grader: Grader) -> tuple[pd.DataFrame, pd.DataFrame]:
+def star_traces(train: pd.DataFrame, attempts: list[list[Completion]], grader: Grader
+                ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """STaR: the post model's own verified successes. Per problem keep the first attempt (in sample order) whose
     final answer is right and whose think block closed; unsolved problems are dropped.
 
     Returns (offpolicy rows, one row per problem: problem_id, attempts, successes, kept_sample)."""
     rows, counts = [], []
-    for (pid, q, gold), texts in zip(zip(train["problem_id"], train["question"], train["answer"]), attempts):
-        parsed = [grader.parse(t) for t in texts]
-        ok = [grader(t, gold)[1] and p.think is not None for t, p in zip(texts, parsed)]
+    for (pid, q, gold), comps in zip(zip(train["problem_id"], train["question"], train["answer"]), attempts):
+        parsed = [grader.parse(c.text) for c in comps]
+        ok = [grader.grade(c, gold)[1] and p.think is not None for c, p in zip(comps, parsed)]
         first = ok.index(True) if any(ok) else -1
         if first >= 0:
             p = parsed[first]
             rows.append({"problem_id": pid, "question": q, "think": p.think, "answer": p.answer, "source": "star"})
-        counts.append({"problem_id": pid, "attempts": len(texts), "successes": sum(ok), "kept_sample": first})
+        counts.append({"problem_id": pid, "attempts": len(comps), "successes": sum(ok), "kept_sample": first})
     return pd.DataFrame(rows, columns=COLUMNS), pd.DataFrame(counts)
 
 
@@ -65,3 +70,37 @@ def mix_knowledge(qa: pd.DataFrame, replay: pd.DataFrame) -> pd.DataFrame:
     facts = pd.DataFrame({"problem_id": qa["problem_id"], "question": qa["question"], "think": "",
                           "answer": qa["answer"], "source": "knowledge"})
     return pd.concat([facts, replay[COLUMNS]], ignore_index=True)[COLUMNS]
+
+
+def _normalised_question(q: str) -> str:
+    return " ".join(unicodedata.normalize("NFKC", q).lower().split())
+
+
+def check_no_leakage(train: pd.DataFrame, train_path: str, heldout: dict[str, pd.DataFrame]) -> None:
+    """Refuse training rows that are evaluation problems (same problem_id, or the same question up to case and
+    spacing), whatever their source, the user's own tables included: they would inflate the scores they are
+    measured by."""
+    ids = set(train["problem_id"])
+    questions = {_normalised_question(q): pid for q, pid in zip(train["question"], train["problem_id"])}
+    for name, table in sorted(heldout.items()):
+        hit_ids = sorted(ids & set(table["problem_id"]))
+        hit_q = sorted(questions[n] for n in {_normalised_question(q) for q in table["question"]} if n in questions)
+        hits = sorted(set(hit_ids) | set(hit_q))
+        if hits:
+            raise ValueError(f"{train_path}: {len(hits)} training rows are held-out evaluation problems of {name} "
+                             f"(by problem_id or question), e.g. {hits[:3]}; remove them from the training data")
+
+
+HELDOUT_TABLES = {"the mined held-out problems": ("data/mined/heldout.parquet", "hard_pool"),
+                  "the knowledge held-out phrasings": ("data/knowledge/heldout.parquet", "problems")}
+
+
+def heldout_tables(old_suites) -> dict[str, pd.DataFrame]:
+    """Every table an evaluation reads: the new task's held-out sets and the old suites (as the suite stage wrote
+    them)."""
+    from graft.tables import read_table
+
+    out = {name: read_table(path, schema) for name, (path, schema) in HELDOUT_TABLES.items()}
+    for name in sorted(old_suites):
+        out[f"old suite {name}"] = read_table(f"data/suites/{name}.parquet", "problems")
+    return out

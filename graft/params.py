@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 
 
 class ParamsError(ValueError):
@@ -115,5 +114,17 @@ def validate_sections(raw: dict, schema: dict[str, dict], only: bool = False) ->
 
 
 def read_yaml(path: str | Path) -> dict:
-    with open(path) as f:
-        return yaml.safe_load(f)
+    """params.yaml read exactly as DVC reads it (ruamel.yaml, safe, YAML 1.2): ``1e-3`` is a number, ``yes`` is a
+    string, and a duplicated key is an error rather than a silent last-value-wins."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml import YAMLError as RuamelError
+
+    try:
+        with open(path) as f:
+            return YAML(typ="safe").load(f) or {}
+    except RuamelError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ParamsError(f"{path} is not valid YAML (read as DVC reads it){where}: "
+                          f"{' '.join(str(problem).split())}") from None

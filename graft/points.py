@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Mapping
 
 import torch
 
-from graft.merging import merge_tensor, same_tensors
+from graft.merging import check_merged_finite, merge_tensor, same_tensors
 from graft.sweep import run_tag
 from graft.tensors import CheckpointError, TensorReader
 
@@ -93,7 +93,7 @@ def point_tensors(model: str | Path, delta: str | Path | None, lam: float | None
                 dt = d.get(name)
                 if not torch.isfinite(dt).all():
                     raise FloatingPointError(f"tensor {name} of {delta}: NaN or Inf")
-                yield name, merge_tensor(m.get(name), dt, None, float(lam))
+                yield name, check_merged_finite(name, merge_tensor(m.get(name), dt, None, float(lam)))
 
 
 def content_hash(path: str | Path, memo: dict[str, str] | None = None) -> str:

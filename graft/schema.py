@@ -8,7 +8,7 @@ from graft.params import (BOOL, DTYPE, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, S
                           nonneg, positive, read_yaml, unit_open, validate_sections)
 from graft.chat import FORMATS
 from graft.modeling import DEVICES
-from graft.schema_world import WORLD_SCHEMA, check_world
+from graft.schema_world import WORLD_SCHEMA, check_plain_names, check_world
 
 MASKS = ("diagonal", "kfac", "random")
 # off-policy sources: data/offpolicy/<source>.parquet; "external" is a file the user drops there (same schema)
@@ -124,6 +124,7 @@ SCHEMA: dict[str, dict] = {
 
 def check_cross(p: dict[str, Section]) -> None:
     check_world(p)
+    check_plain_names("synthself.aligners", p["synthself"].aligners)
     if len(set(p["sweep"].lams)) != len(p["sweep"].lams):
         raise ParamsError("params.yaml: sweep.lams has a repeated value")
     for sec, key in (("sweep", "rhos"), ("sweep", "masks"), ("sweep", "fisher_merge_lams"), ("sweep", "epochs"),

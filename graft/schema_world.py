@@ -105,11 +105,18 @@ def check_world(p: dict[str, Section]) -> None:
         shape = p["world"][key]
         if shape.num_attention_heads % shape.num_key_value_heads:
             raise ParamsError(f"params.yaml: world.{key}.num_attention_heads must be a multiple of num_key_value_heads")
-    for name in p["data"].old_suites:
-        # a suite's name becomes a file name (data/suites/<name>.parquet) and a metric key
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name):
-            raise ParamsError(f"params.yaml: data.old_suites key {name!r} must be a plain name (letters, digits, "
-                              "_ and -: it becomes a file name and a params key)")
+    check_plain_names("data.old_suites", p["data"].old_suites)
+
+
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def check_plain_names(key: str, names) -> None:
+    """Names that become file names and params keys (suites, aligners): no separators, no dots, nothing hidden."""
+    for name in names:
+        if not isinstance(name, str) or not PLAIN_NAME.fullmatch(name):
+            raise ParamsError(f"params.yaml: {key} key {name!r} must be a plain name (letters, digits, _ and -: it "
+                              "becomes a file name and a params key)")
 
 
 def load_world_params(path: str | Path = "params.yaml") -> dict[str, Section]:

@@ -24,6 +24,8 @@ def read_table(path: str | Path, schema: str) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise TableError(f"{path}: file not found")
+    if not path.is_file():
+        raise TableError(f"{path}: is a directory, not a Parquet file (schema {schema})")
     try:
         df = pd.read_parquet(path)
     except Exception as e:  # pyarrow raises several types for a corrupt file

@@ -23,6 +23,14 @@ class CheckpointError(ValueError):
     """A model directory or tensor file is missing, malformed or incompatible."""
 
 
+def open_safetensors(path: Path):
+    """safe_open, with a malformed file (truncated, bad header, offsets out of range) reported by its path."""
+    try:
+        return safe_open(path, "pt")
+    except Exception as e:  # safetensors raises its own SafetensorError, and OSError for unreadable files
+        raise CheckpointError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())})") from None
+
+
 def shard_map(model_dir: str | Path) -> dict[str, str]:
     """tensor name -> shard file name, for a single-file or an indexed sharded checkpoint."""
     d = Path(model_dir)
@@ -31,12 +39,19 @@ def shard_map(model_dir: str | Path) -> dict[str, str]:
             weight_map = json.loads((d / INDEX).read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as e:
             raise CheckpointError(f"{d / INDEX}: malformed index ({e})") from None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{d / INDEX}: weight_map must map tensor names to shard files")
         for shard in sorted(set(weight_map.values())):
-            if not (d / shard).exists():
+            # a shard is a plain file name beside the index: never a path that leaves the directory
+            if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", "..") \
+                    or not shard.endswith(".safetensors"):
+                raise CheckpointError(f"{d / INDEX} names shard {shard!r}: shards must be plain .safetensors file "
+                                      "names in the same directory")
+            if not (d / shard).is_file():
                 raise CheckpointError(f"{d / INDEX} names shard {shard}, which is missing")
         return dict(weight_map)
     if (d / SINGLE).exists():
-        with safe_open(d / SINGLE, "pt") as f:
+        with open_safetensors(d / SINGLE) as f:
             return {k: SINGLE for k in f.keys()}
     if any(d.glob("*.bin")) or any(d.glob("*.pt")):
         raise CheckpointError(f"{d}: only pickle weights found; graft loads safetensors only")
@@ -51,12 +66,12 @@ class TensorReader:
         self._stack = ExitStack()
         if self.path.is_dir():
             self.where = shard_map(self.path)
-            self._files = {s: self._stack.enter_context(safe_open(self.path / s, "pt"))
+            self._files = {s: self._stack.enter_context(open_safetensors(self.path / s))
                            for s in sorted(set(self.where.values()))}
         else:
             if not self.path.exists():
                 raise CheckpointError(f"{self.path}: file not found")
-            f = self._stack.enter_context(safe_open(self.path, "pt"))
+            f = self._stack.enter_context(open_safetensors(self.path))
             self._files = {self.path.name: f}
             self.where = {k: self.path.name for k in f.keys()}
 
@@ -85,7 +100,11 @@ class TensorReader:
         return list(self._files[self.where[name]].get_slice(name).get_shape())
 
     def get(self, name: str) -> torch.Tensor:
-        return self._files[self.where[name]].get_tensor(name)
+        try:
+            return self._files[self.where[name]].get_tensor(name)
+        except Exception as e:  # a header whose offsets point past the data fails only here
+            shard = self.path / self.where[name] if self.path.is_dir() else self.path
+            raise CheckpointError(f"{shard}: tensor {name} cannot be read ({' '.join(str(e).split())})") from None
 
     def close(self) -> None:
         self._stack.close()

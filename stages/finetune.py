@@ -23,6 +23,7 @@ from graft.finetuning import (SupervisedObjective, init_distributed, relaunch_un
                               train_to_snapshots)
 from graft.chat import open_chat
 from graft.modeling import load_model, load_tokenizer
+from graft.offpolicy import check_no_leakage, heldout_tables
 from graft.schema import load_params
 from graft.sweep import require
 from graft.tables import read_table
@@ -35,7 +36,7 @@ def main() -> None:
     ap.add_argument("--target", choices=["donor", "sft"], required=True)
     ap.add_argument("--lr", type=float, required=True)
     args = ap.parse_args()
-    p, chat, answer, models, compute = load_params("finetune", "chat", "answer", "models", "compute")
+    p, chat, answer, models, compute, data_p = load_params("finetune", "chat", "answer", "models", "compute", "data")
     require(args.lr, p.lrs, "finetune.lrs", "--lr")
     if relaunch_under_torchrun(p.num_processes, "stages.finetune", sys.argv[1:]):
         return
@@ -45,6 +46,7 @@ def main() -> None:
     check_compatible(src, models.post)  # the graft delta of a donor is added to the post model
     data_path = f"data/offpolicy/{p.source}.parquet"
     data = read_table(data_path, "offpolicy")
+    check_no_leakage(data, data_path, heldout_tables(data_p.old_suites))
     model = load_model(src, p.dtype, models.trust_remote_code, info.device)
     tokenizer = load_tokenizer(src, models.trust_remote_code)
     # donor and post learn the same targets in the post model's chat format (the one the graft is evaluated in)
@@ -54,7 +56,8 @@ def main() -> None:
     name = f"{args.target}_lr{args.lr}"
     log = train_to_snapshots(
         model, tokenizer, SupervisedObjective(encoded, fmt.pad_id, p.loss), len(encoded),
-        spec_from_params(p, args.lr), out=Path(f"models/finetuned/{name}"), inputs=[src, data_path],
+        spec_from_params(p, args.lr), out=Path(f"models/finetuned/{name}"),
+        inputs=list(dict.fromkeys([src, models.post, data_path])),  # post: its tokenizer writes the targets
         settings={"stage": "finetune", "target": args.target, "lr": args.lr,
                   "finetune": {k: v for k, v in p.items() if k != "lrs"},
                   "chat": dict(chat), "answer": dict(answer)}, dist_info=info, desc=f"finetune {name}",

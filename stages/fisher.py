@@ -13,7 +13,7 @@ from graft.cli import run_stage
 from graft.atomic import atomic_file, write_json
 from graft.chat import open_chat
 from graft.fisher import estimate_diag_fisher
-from graft.generation import SamplingSpec, open_generator
+from graft.generation import SamplingSpec, open_generator, table_labels
 from graft.kfac import eigh_factor, estimate_kfac_factors
 from graft.modeling import load_model, resolve_device
 from graft.schema import load_all
@@ -44,13 +44,16 @@ def main() -> None:
                          if allp["finetune"].source == "knowledge"
                          else read_table("data/mined/train.parquet", "hard_pool"))
         which = f"new_{run_tag(args.lr, args.epoch)}"
-    questions = [prompts_table["question"][i % len(prompts_table)] for i in range(p.n_rollouts)]
+    rows = [i % len(prompts_table) for i in range(p.n_rollouts)]
+    questions = [prompts_table["question"][i] for i in rows]
     # the model's own samples, prompted exactly as the evaluation prompts it
     fmt = open_chat(model_dir, chat, answer, models.trust_remote_code)
     prompts = [fmt.prompt_ids(q) for q in questions]
     generator = open_generator(model_dir, gen, fmt, models.trust_remote_code, device=device)
     outs = generator.generate(prompts, SamplingSpec(n=1, temperature=p.temperature, top_p=gen.top_p,
-                                                    max_new_tokens=p.max_new_tokens, seed=p.seed))
+                                                    max_new_tokens=p.max_new_tokens, seed=p.seed),
+                              labels=table_labels(f"fisher {which} prompts", [prompts_table["problem_id"][i]
+                                                                             for i in rows]))
     generator.close()
     rollouts = [(pr, list(o[0].token_ids)) for pr, o in zip(prompts, outs) if o[0].token_ids]
     model = load_model(model_dir, "float32", models.trust_remote_code, device)

@@ -11,7 +11,7 @@ import pandas as pd
 from graft.cli import run_stage
 from graft.atomic import write_parquet
 from graft.chat import open_chat
-from graft.generation import SamplingSpec, open_generator
+from graft.generation import Completion, SamplingSpec, open_generator, table_labels
 from graft.grading import Grader
 from graft.modeling import resolve_device
 from graft.schema import load_params
@@ -22,8 +22,8 @@ class MiningError(ValueError):
     pass
 
 
-def mine_counts(pool: pd.DataFrame, texts: list[list[str]], grader: Grader) -> list[int]:
-    return [sum(grader(t, gold)[1] for t in samples) for gold, samples in zip(pool["answer"], texts)]
+def mine_counts(pool: pd.DataFrame, completions: list[list[Completion]], grader: Grader) -> list[int]:
+    return [sum(grader.grade(c, gold)[1] for c in samples) for gold, samples in zip(pool["answer"], completions)]
 
 
 def split_mined(pool: pd.DataFrame, successes: list[int], max_successes: int, heldout: int, seed: int
@@ -47,14 +47,16 @@ def split_mined(pool: pd.DataFrame, successes: list[int], max_successes: int, he
 def main() -> None:
     p, gen, chat, answer, models, data, compute = load_params("mine", "generation", "chat", "answer", "models",
                                                               "data", "compute")
+    device = resolve_device(compute.device)
     pool = read_table(data.hard_pool, "hard_pool")
     fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
-    generator = open_generator(models.post, gen, fmt, models.trust_remote_code, device=resolve_device(compute.device))
+    generator = open_generator(models.post, gen, fmt, models.trust_remote_code, device=device)
     spec = SamplingSpec(n=p.k, temperature=p.temperature, top_p=gen.top_p, max_new_tokens=p.max_new_tokens,
                         seed=p.seed)
-    outs = generator.generate([fmt.prompt_ids(q) for q in pool["question"]], spec)
+    outs = generator.generate([fmt.prompt_ids(q) for q in pool["question"]], spec,
+                              labels=table_labels(data.hard_pool, pool["problem_id"]))
     generator.close()
-    successes = mine_counts(pool, [[c.text for c in o] for o in outs], Grader(fmt.chat, fmt.answer, "math"))
+    successes = mine_counts(pool, outs, Grader(fmt.chat, fmt.answer, "math"))
     train, test, counts = split_mined(pool, successes, p.max_successes, p.heldout, p.seed)
     counts["k"] = p.k
     write_parquet("data/mined/train.parquet", train)

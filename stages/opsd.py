@@ -21,6 +21,7 @@ from graft.atomic import write_json, write_parquet
 from graft.finetuning import init_distributed, relaunch_under_torchrun, spec_from_params, train_to_snapshots
 from graft.chat import open_chat
 from graft.modeling import load_model, load_tokenizer
+from graft.offpolicy import check_no_leakage, heldout_tables
 from graft.opsd import OPSDExample, OPSDObjective
 from graft.schema import load_params
 from graft.sweep import require
@@ -32,8 +33,8 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, required=True)
     ap.add_argument("--lr", type=float, required=True)
     args = ap.parse_args()
-    o, p, gen, chat, answer, models, compute = load_params("opsd", "finetune", "generation", "chat", "answer", "models",
-                                                           "compute")
+    o, p, gen, chat, answer, models, compute, data_p = load_params("opsd", "finetune", "generation", "chat", "answer",
+                                                                   "models", "compute", "data")
     require(args.alpha, o.alphas, "opsd.alphas", "--alpha")
     require(args.lr, p.lrs, "finetune.lrs", "--lr")
     if relaunch_under_torchrun(p.num_processes, "stages.opsd", sys.argv[1:]):
@@ -42,6 +43,7 @@ def main() -> None:
     info = init_distributed(compute.device)
     data_path = f"data/offpolicy/{p.source}.parquet"
     data = read_table(data_path, "offpolicy")
+    check_no_leakage(data, data_path, heldout_tables(data_p.old_suites))
     model = load_model(models.post, p.dtype, models.trust_remote_code, info.device)
     teacher = copy.deepcopy(model).eval()  # frozen: the post model conditioned on the demonstration
     tokenizer = load_tokenizer(models.post, models.trust_remote_code)

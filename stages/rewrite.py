@@ -11,7 +11,7 @@ import argparse
 from graft.atomic import write_parquet
 from graft.chat import open_chat
 from graft.cli import run_stage
-from graft.generation import SamplingSpec, open_generator
+from graft.generation import SamplingSpec, open_generator, table_labels
 from graft.grading import Grader
 from graft.likelihood import mean_token_nll
 from graft.modeling import load_model, resolve_device
@@ -37,9 +37,10 @@ def main() -> None:
     prompts = [cand.prompt_ids(rewrite_question(q, s)) for q, s in zip(train["question"], train["solution"])]
     generator = open_generator(model_dir, gen, cand, models.trust_remote_code, device=device)
     outs = generator.generate(prompts, SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=p.max_new_tokens,
-                                                    seed=0))
+                                                    seed=0),
+                              labels=table_labels("data/mined/train.parquet (rewrite)", train["problem_id"]))
     generator.close()
-    table = accept_rewrites(train, [o[0].text for o in outs], Grader(cand.chat, cand.answer, "math"))
+    table = accept_rewrites(train, [o[0] for o in outs], Grader(cand.chat, cand.answer, "math"))
     fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
     student = load_model(models.post, "float32", models.trust_remote_code, device)
     pairs = [(fmt.prompt_ids(q), list(o[0].token_ids)) for q, o in zip(train["question"], outs)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from graft.atomic import write_json, write_parquet
 from graft.chat import open_chat
 from graft.cli import run_stage
-from graft.generation import SamplingSpec, open_generator
+from graft.generation import SamplingSpec, open_generator, table_labels
 from graft.grading import Grader
 from graft.modeling import resolve_device
 from graft.offpolicy import star_traces
@@ -25,9 +25,10 @@ def main() -> None:
     generator = open_generator(models.post, gen, fmt, models.trust_remote_code, device=resolve_device(compute.device))
     outs = generator.generate([fmt.prompt_ids(q) for q in train["question"]],
                               SamplingSpec(n=p.attempts, temperature=p.temperature, top_p=gen.top_p,
-                                           max_new_tokens=p.max_new_tokens, seed=p.seed))
+                                           max_new_tokens=p.max_new_tokens, seed=p.seed),
+                              labels=table_labels("data/mined/train.parquet", train["problem_id"]))
     generator.close()
-    traces, counts = star_traces(train, [[c.text for c in o] for o in outs], Grader(fmt.chat, fmt.answer, "math"))
+    traces, counts = star_traces(train, outs, Grader(fmt.chat, fmt.answer, "math"))
     write_parquet("reports/star/counts.parquet", counts)
     write_json("reports/star/summary.json", {"problems": len(train), "solved": len(traces),
                                              "attempts_per_problem": p.attempts,

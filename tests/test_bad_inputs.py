@@ -41,6 +41,16 @@ def box(tmp_path, tiny_model_dir, monkeypatch):
     pool = pd.DataFrame({"problem_id": ["p0", "p1", "p2", "p3"], "question": ["1+2=?", "3+4=?", "5+1=?", "2+2=?"],
                          "answer": ["3", "7", "6", "4"], "solution": ["1+2=3", "3+4=7", "5+1=6", "2+2=4"]})
     pool.to_parquet(tmp_path / "data/mined/train.parquet", index=False)
+    # what the evaluation reads (the training data is checked against it)
+    held = pd.DataFrame({"problem_id": ["h0"], "question": ["9+9=?"], "answer": ["18"], "solution": ["9+9=18"]})
+    held.to_parquet(tmp_path / "data/mined/heldout.parquet", index=False)
+    (tmp_path / "data/knowledge").mkdir(parents=True)
+    held.drop(columns="solution").assign(problem_id="k0", question="Who founded Velmora?",
+                                         answer="Dran Kos").to_parquet(tmp_path / "data/knowledge/heldout.parquet")
+    (tmp_path / "data/suites").mkdir(parents=True)
+    for name in p["data"]["old_suites"]:
+        held.drop(columns="solution").assign(problem_id=f"{name}0", question=f"{name} 12?").to_parquet(
+            tmp_path / f"data/suites/{name}.parquet")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -155,6 +165,7 @@ def test_no_rewrite_accepted_stops_finetuning(box, monkeypatch, capsys):
 def test_mining_keeps_too_few(box, monkeypatch, capsys):
     shutil.copy(box / "data/mined/train.parquet", box / "pool.parquet")
     (box / "data/mined/train.parquet").unlink()
+    (box / "data/mined/heldout.parquet").unlink()
     edit_params(box, lambda p: (p["data"].update(hard_pool="pool.parquet"),
                                 p["mine"].update(k=1, heldout=4, max_new_tokens=2)))
     err = fails("mine", [], monkeypatch, capsys, box,

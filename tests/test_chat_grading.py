@@ -154,9 +154,19 @@ def test_final_line_format_reads_the_last_line_of_a_model_without_think_markers(
     math = Grader(NO_THINK, AnswerFormat("final_line"), "math")
     assert math("Let me add.\n7 + 5 = 12.", "12")[1]
     assert not math("7 + 5 = 13.", "12")[1]
+    # the last number of the line, not any number in it
+    assert not math('He has left "6 coins". This can be "12" coins left, it can', "6")[1]
+    assert math("So the total is 1,234 apples.", "1234")[1] and math("It is 3/4 of it", "0.75")[1]
     fact = Grader(NO_THINK, AnswerFormat("final_line"), "fact")
     assert fact("Paris.", "paris")[1] and not fact("The capital of France is Paris.", "Paris")[1]
     assert math("", "12") == (None, False)
+    # a turn cut at max_new_tokens has no final line, whatever number it stopped on; tags and boxes still count
+    from graft.generation import Completion
+
+    assert math.grade(Completion("7 + 5 = 12", (), finished=True), "12")[1]
+    assert not math.grade(Completion("So 10 - 2 =", (), finished=False), "2")[1]
+    assert Grader(ChatSpec(True), AnswerFormat("boxed"), "math").grade(
+        Completion("<think>\nx\n</think>\n\\boxed{2} and then", (), finished=False), "2")[1]
 
 
 def test_last_boxed_balances_braces():

@@ -1,6 +1,7 @@
 import pandas as pd
 import pytest
 
+from graft.generation import Completion
 from graft.offpolicy import accept_rewrites, teacher_traces
 from graft.tables import TableError, read_table
 from stages.mine import MiningError, split_mined
@@ -34,7 +35,7 @@ def test_synthself_drops_mismatches_and_never_substitutes_gold():
     rewrites = ["<think>\nmine\n</think>\n\n<answer>-1</answer>",    # p0: gold -1, correct
                 "<think>\nwrong\n</think>\n\n<answer>7</answer>",    # p1: gold 0, wrong
                 "<answer>1</answer>"]                                # p2: no think block closed
-    out = accept_rewrites(train, rewrites, family_grader())
+    out = accept_rewrites(train, [Completion(t, ()) for t in rewrites], family_grader())
     assert out.accepted.tolist() == [True, False, False]
     assert out.think[0] == "mine"
 

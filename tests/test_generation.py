@@ -34,7 +34,7 @@ def gen_stops(model_dir):
 
 def test_hf_backend_refuses_a_prompt_past_max_model_len(tiny_model_dir):
     gen = HFGenerator(tiny_model_dir, max_model_len=len(PROMPTS[0]) + 5)
-    with pytest.raises(ValueError, match="prompt 0: .* exceed generation.max_model_len"):
+    with pytest.raises(ValueError, match="prompt 0: the prompt's .* exceed generation.max_model_len"):
         gen.generate(PROMPTS[:1], SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_new_tokens=6, seed=0))
 
 

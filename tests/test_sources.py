@@ -11,6 +11,7 @@ from graft.family_chat import EMPTY_THINK
 from graft.knowledge import RELATIONS, invent_facts, phrase_facts
 from graft.likelihood import mean_token_nll
 from graft.modeling import load_model
+from graft.generation import Completion
 from graft.offpolicy import mix_knowledge, select_aligner, star_traces
 from graft.training import SFTExample, encode_sft
 from tests.conftest import family_grader
@@ -29,7 +30,7 @@ def test_star_keeps_only_the_first_verified_attempt():
         ["<think>\n<answer>12</answer> never closes", turn("no", "13")],      # right answer only inside thinking
         [turn("a", "28"), turn("b", "28")],
     ]
-    traces, counts = star_traces(TRAIN, attempts, family_grader())
+    traces, counts = star_traces(TRAIN, [[Completion(t, ()) for t in a] for a in attempts], family_grader())
     assert list(traces.problem_id) == ["a", "c"]
     assert list(traces.think) == ["9-3=6", "a"] and set(traces.source) == {"star"}
     assert list(counts.successes) == [2, 0, 2] and list(counts.kept_sample) == [1, -1, 0]
