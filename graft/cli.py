@@ -1,4 +1,5 @@
-"""What every stage entry point shares: one-line errors for bad input, and outputs kept inside the repository."""
+"""What every stage entry point shares: one-line errors for bad input, outputs kept inside the repository, and no
+process left running after it (``graft.reaper``)."""
 from __future__ import annotations
 
 import shutil
@@ -8,6 +9,8 @@ from typing import Callable
 
 import yaml
 
+from graft.reaper import start_watcher
+
 # Bad input (params, tables, checkpoints, tensors, empty results) raises one of these with a message that names the
 # key, file, column or tensor. They are reported as one line; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, OSError)
@@ -15,6 +18,7 @@ USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, OSError)
 
 def run_stage(main: Callable[[], None]) -> None:
     name = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "stage"
+    start_watcher()   # what the stage starts (vLLM engines, torchrun ranks) dies with it, and it with its dvc
     try:
         main()
     except yaml.YAMLError as e:

@@ -16,7 +16,8 @@ import torch
 
 from graft.kfac import kfac_project, kfac_scores
 from graft.selection import select_top_k, top_rho_count
-from graft.tensors import INDEX, CheckpointError, TensorReader, check_compatible, copy_model_files, write_like
+from graft.tensors import (INDEX, CheckpointError, TensorReader, check_compatible, copy_model_files, read_json,
+                           write_like)
 
 MASK_KINDS = ("none", "diagonal", "kfac", "random")
 
@@ -260,7 +261,7 @@ def merge_into_dir(post_dir: str | Path, delta_path: str | Path, lam: float, out
 
         write_like(post, out_dir, None, produce)
         if (Path(post_dir) / INDEX).exists():  # keep the post model's own index metadata (e.g. total_size)
-            index = json.loads((Path(post_dir) / INDEX).read_text())
+            index = read_json(Path(post_dir) / INDEX)
             (out_dir / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
 
 

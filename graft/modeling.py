@@ -110,6 +110,22 @@ def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    import json
+
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except json.JSONDecodeError as e:   # transformers does not say which file it was reading
+        bad = [f.name for f in sorted(Path(path).glob("*.json")) if not _parses(f)]
+        raise ValueError(f"{path}: {', '.join(bad) or 'a tokenizer file'} is not valid JSON ({e})") from None
+
+
+def _parses(path: Path) -> bool:
+    import json
+
+    try:
+        json.loads(path.read_text())
+        return True
+    except (ValueError, UnicodeDecodeError):
+        return False

@@ -60,7 +60,8 @@ class Section(dict):
 def _check_value(path: str, value: Any, spec: Any) -> Any:
     if isinstance(spec, dict):
         if not isinstance(value, dict):
-            raise ParamsError(f"params.yaml: {path} must be a mapping, got {type(value).__name__}")
+            raise ParamsError(f"params.yaml: {path} must be a mapping (keys: {', '.join(spec)}), got "
+                              f"{type(value).__name__} {value!r}")
         return _check_section(path, value, spec)
     assert isinstance(spec, Field)
     # bool is an int in Python; a flag written where a number is expected is a typo, not a 1.

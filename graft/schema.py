@@ -2,19 +2,64 @@
 anywhere fails every stage at once, in a second, with one line naming the key."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from graft.params import (BOOL, DTYPE, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section,
                           nonneg, positive, read_yaml, unit_open, validate_sections)
-from graft.chat import FORMATS
+from graft.chat import FORMATS, SWITCHES
+from graft.grading import GRADERS
 from graft.modeling import DEVICES
-from graft.schema_world import WORLD_SCHEMA, check_plain_names, check_world
+from graft.schema_world import WORLD_SCHEMA, check_world
+from graft.tables import MESSAGES, mappable_columns
 
 MASKS = ("diagonal", "kfac", "random")
-# off-policy sources: data/offpolicy/<source>.parquet; "external" is a file the user drops there (same schema)
-SOURCES = ("teacher", "synthself", "star", "knowledge", "external")
+# the pipeline's own off-policy sources (data/offpolicy/<source>.parquet); a user's traces are data.offpolicy keys
+SOURCES = ("teacher", "synthself", "star", "knowledge")
+
+# a table input (graft.inputs): a Parquet/JSONL/JSON/CSV file or a datasets save_to_disk folder, with a split, a
+# mapping of our column names to the data set's, and the marker after which its answer column holds the final answer
+TABLE = {
+    "path": Field(STR, lambda s: s != "", "a non-empty path"),
+    "split": Field(STR, default=""),
+    "columns": Field(dict, lambda d: all(d.values()), "a mapping of our column -> a non-empty column name",
+                     item=Field(STR), default={}),
+    "answer_marker": Field(STR, default=""),
+}
+SUITE = {
+    **TABLE,
+    "grader": Field(STR, lambda s: s in GRADERS, f"one of {', '.join(GRADERS)}", default="math"),
+    # the suite's own answer format and instruction; "" takes the answer section's
+    "format": Field(STR, lambda s: s == "" or s in FORMATS, f"\"\" or one of {', '.join(FORMATS)}", default=""),
+    "instruction": Field(STR, default=""),
+}
+# a user's off-policy traces: question/think/answer columns, or a chat `messages` column
+TRACES = {**TABLE, "drop_context": Field(BOOL, default=False)}
 
 SCHEMA: dict[str, dict] = {
+    "chat": {
+        "thinking": Field(BOOL),
+        # how thinking is switched off: template (it takes enable_thinking) | prefill (an empty think block after
+        # the generation prompt) | none
+        "thinking_switch": Field(STR, lambda s: s in SWITCHES, f"one of {', '.join(SWITCHES)}"),
+        # [open, close] of the think block, or [] for a model that writes none
+        "think_markers": Field(list, lambda v: len(v) in (0, 2) and all(v), "[open, close] (non-empty) or []",
+                               item=Field(STR)),
+        "system_prompt": Field(STR),            # "" keeps the template's own default system turn
+    },
+    "models": {
+        "pretrain_checkpoints": Field(list, item=Field(STR)),
+        "base": Field(STR),
+        "post": Field(STR),
+        "aligner": Field(STR),
+        "trust_remote_code": Field(BOOL),
+    },
+    "data": {
+        "old_suites": Field(dict, item=SUITE),   # name -> table input (``problems`` schema) and how to grade it
+        "hard_pool": TABLE,                      # ``hard_pool`` schema
+        "retention": TABLE,                      # ``problems`` schema
+        "offpolicy": Field(dict, item=TRACES),   # name -> your traces; finetune.source: <name> trains on them
+    },
     **WORLD_SCHEMA,
     # how the model writes its final answer, and the instruction appended to every question asking for it (old
     # suites may set their own in data.old_suites)
@@ -63,7 +108,7 @@ SCHEMA: dict[str, dict] = {
     },
     "finetune": {
         "donor": Field(STR),
-        "source": Field(STR, lambda s: s in SOURCES, f"one of {', '.join(SOURCES)}"),
+        "source": Field(STR),                   # one of SOURCES or a key of data.offpolicy (check_cross)
         "lrs": Field(list, lambda v: len(v) > 0, "non-empty", item=POS_NUM),  # the grid: one finetune each
         "epochs": POS_INT,                      # a snapshot after every epoch
         "global_batch_size": POS_INT,           # examples per optimiser step over all processes
@@ -122,9 +167,57 @@ SCHEMA: dict[str, dict] = {
 }
 
 
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+DOTTED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")   # point names hold numbers (lam0.5); never . or ..
+
+
+def check_plain_names(key: str, names, dots: bool = False) -> None:
+    """Names that become file names and params keys (suites, aligners): no separators, nothing hidden, and no dots
+    unless ``dots`` (a name starting with a letter or digit is never ``.`` or ``..``)."""
+    for name in names:
+        if not isinstance(name, str) or not (DOTTED_NAME if dots else PLAIN_NAME).fullmatch(name):
+            allowed = "letters, digits, _, - and ." if dots else "letters, digits, _ and -"
+            raise ParamsError(f"params.yaml: {key} key {name!r} must be a plain name ({allowed}, starting with a "
+                              "letter or digit: it becomes a file name and a params key)")
+
+
+def check_inputs(data: Section) -> None:
+    """Column mappings name columns of the table's schema; traces come from columns or from messages, not both."""
+    inputs = [("data.hard_pool", data.hard_pool, "hard_pool"), ("data.retention", data.retention, "problems")]
+    inputs += [(f"data.old_suites.{n}", s, "problems") for n, s in data.old_suites.items()]
+    inputs += [(f"data.offpolicy.{n}", s, "offpolicy") for n, s in data.offpolicy.items()]
+    for key, spec, schema in inputs:
+        allowed = mappable_columns(schema)
+        for ours in spec.columns:
+            if ours not in allowed:
+                raise ParamsError(f"params.yaml: {key}.columns.{ours} is not a column graft reads (for this input: "
+                                  f"{', '.join(allowed)}); keys are our names, values the data set's")
+        if MESSAGES in spec.columns:
+            both = sorted(set(spec.columns) & {"question", "think", "answer"})
+            if both or spec.answer_marker:
+                what = f"columns.{both[0]}" if both else "answer_marker"
+                raise ParamsError(f"params.yaml: {key}.{what} cannot be set with columns.messages: the question, "
+                                  "reasoning and answer come from the conversation")
+
+
 def check_cross(p: dict[str, Section]) -> None:
     check_world(p)
+    data = p["data"]
+    if not data.old_suites:
+        raise ParamsError("params.yaml: data.old_suites must name at least one old-task suite")
+    check_plain_names("data.old_suites", data.old_suites)
+    check_plain_names("data.offpolicy", data.offpolicy)
+    taken = sorted(set(data.offpolicy) & set(SOURCES))
+    if taken:
+        raise ParamsError(f"params.yaml: data.offpolicy key {taken[0]!r} is the name of a source graft makes itself "
+                          f"({', '.join(SOURCES)}); choose another name")
+    check_inputs(data)
+    source = p["finetune"].source
+    if source not in SOURCES and source not in data.offpolicy:
+        raise ParamsError(f"params.yaml: finetune.source must be one of {', '.join(SOURCES)} or a key of "
+                          f"data.offpolicy {sorted(data.offpolicy)}, got {source!r}")
     check_plain_names("synthself.aligners", p["synthself"].aligners)
+    check_plain_names("export.points", p["export"].points, dots=True)
     if len(set(p["sweep"].lams)) != len(p["sweep"].lams):
         raise ParamsError("params.yaml: sweep.lams has a repeated value")
     for sec, key in (("sweep", "rhos"), ("sweep", "masks"), ("sweep", "fisher_merge_lams"), ("sweep", "epochs"),

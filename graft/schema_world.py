@@ -1,15 +1,12 @@
-"""params.yaml schema of the sections the `world` stage reads (chat, models, data, world).
+"""params.yaml schema of the one section the `world` stage reads (``world``).
 
 Kept apart from the other sections' schema (``graft.schema``) so that the world stage, whose committed outputs take
 minutes to rebuild, depends only on the code that can change them.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from graft.chat import FORMATS, SWITCHES
-from graft.grading import GRADERS
 from graft.params import (BOOL, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section,
                           read_yaml, validate_sections)
 
@@ -22,39 +19,7 @@ MODEL_SHAPE = {
     "head_dim": POS_INT,
 }
 
-ANSWER_FORMAT = Field(STR, lambda s: s in FORMATS, f"one of {', '.join(FORMATS)}")
-SUITE = {
-    "path": Field(STR),
-    "grader": Field(STR, lambda s: s in GRADERS, f"one of {', '.join(GRADERS)}", default="math"),
-    # the suite's own answer format and instruction; "" takes the answer section's
-    "format": Field(STR, lambda s: s == "" or s in FORMATS, f"\"\" or one of {', '.join(FORMATS)}", default=""),
-    "instruction": Field(STR, default=""),
-}
-
 WORLD_SCHEMA: dict[str, dict] = {
-    "chat": {
-        "thinking": Field(BOOL),
-        # how thinking is switched off: template (it takes enable_thinking) | prefill (an empty think block after
-        # the generation prompt) | none
-        "thinking_switch": Field(STR, lambda s: s in SWITCHES, f"one of {', '.join(SWITCHES)}"),
-        # [open, close] of the think block, or [] for a model that writes none
-        "think_markers": Field(list, lambda v: len(v) in (0, 2) and all(v), "[open, close] (non-empty) or []",
-                               item=Field(STR)),
-        "system_prompt": Field(STR),            # "" keeps the template's own default system turn
-    },
-    "models": {
-        "pretrain_checkpoints": Field(list, item=Field(STR)),
-        "base": Field(STR),
-        "post": Field(STR),
-        "aligner": Field(STR),
-        "trust_remote_code": Field(BOOL),
-    },
-    "data": {
-        # name -> a Parquet table (``problems`` schema) and how to grade it
-        "old_suites": Field(dict, item=SUITE),
-        "hard_pool": Field(STR),
-        "retention": Field(STR),
-    },
     "world": {
         "seed": SEED,
         # the family's chat turns think (set chat.thinking to match when evaluating the family); apart from chat so
@@ -99,28 +64,15 @@ WORLD_SCHEMA: dict[str, dict] = {
 
 
 def check_world(p: dict[str, Section]) -> None:
-    if not p["data"].old_suites:
-        raise ParamsError("params.yaml: data.old_suites must name at least one old-task suite")
     for key in ("student", "aligner"):
         shape = p["world"][key]
         if shape.num_attention_heads % shape.num_key_value_heads:
             raise ParamsError(f"params.yaml: world.{key}.num_attention_heads must be a multiple of num_key_value_heads")
-    check_plain_names("data.old_suites", p["data"].old_suites)
-
-
-PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
-
-
-def check_plain_names(key: str, names) -> None:
-    """Names that become file names and params keys (suites, aligners): no separators, no dots, nothing hidden."""
-    for name in names:
-        if not isinstance(name, str) or not PLAIN_NAME.fullmatch(name):
-            raise ParamsError(f"params.yaml: {key} key {name!r} must be a plain name (letters, digits, _ and -: it "
-                              "becomes a file name and a params key)")
 
 
 def load_world_params(path: str | Path = "params.yaml") -> dict[str, Section]:
-    """The world stage's sections only (the other stages validate the whole file)."""
+    """The world stage's section only (the other stages validate the whole file): no other section's schema is
+    part of the world's code, so pointing the pipeline at your own model and data never rebuilds it."""
     out = validate_sections(read_yaml(path), WORLD_SCHEMA, only=True)
     check_world(out)
     return out

@@ -16,6 +16,18 @@ SCHEMAS: dict[str, dict[str, str]] = {
 }
 
 
+# a chat conversation (list of {role, content}) that a user's traces may give instead of question/think/answer
+MESSAGES = "messages"
+
+
+def mappable_columns(schema: str) -> tuple[str, ...]:
+    """Our column names that an input's ``columns`` may map (traces: also ``messages``; their ``source`` is the
+    input's name)."""
+    if schema == "offpolicy":
+        return ("problem_id", "question", "think", "answer", MESSAGES)
+    return tuple(SCHEMAS[schema])
+
+
 class TableError(ValueError):
     """A Parquet input is missing, malformed or violates its schema."""
 
@@ -30,6 +42,11 @@ def read_table(path: str | Path, schema: str) -> pd.DataFrame:
         df = pd.read_parquet(path)
     except Exception as e:  # pyarrow raises several types for a corrupt file
         raise TableError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+    return validate_table(df, path, schema)
+
+
+def validate_table(df: pd.DataFrame, path: str | Path, schema: str) -> pd.DataFrame:
+    """``df`` checked against ``schema``; every error names ``path``."""
     for col, kind in SCHEMAS[schema].items():
         if col not in df.columns:
             raise TableError(f"{path}: missing column {col!r} (schema {schema}: {', '.join(SCHEMAS[schema])})")

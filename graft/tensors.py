@@ -136,10 +136,19 @@ def copy_model_files(src: str | Path, dst: str | Path) -> None:
             shutil.copy2(f, Path(dst) / f.name)
 
 
+def read_json(path: str | Path) -> dict:
+    """A checkpoint's JSON file (config, tokenizer, index); an unreadable one is an error naming it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    except (ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
 def check_compatible(a_dir: str | Path, b_dir: str | Path) -> None:
     """Donor and post must share architecture, shapes and vocabulary; say which field differs."""
-    ca = json.loads((Path(a_dir) / "config.json").read_text())
-    cb = json.loads((Path(b_dir) / "config.json").read_text())
+    ca, cb = read_json(Path(a_dir) / "config.json"), read_json(Path(b_dir) / "config.json")
     for key in ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
                 "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                 "tie_word_embeddings"):
@@ -156,7 +165,7 @@ def check_compatible(a_dir: str | Path, b_dir: str | Path) -> None:
 
 def _vocab(path: Path) -> dict[str, int]:
     """token -> id of a tokenizers JSON file, added tokens included."""
-    tok = json.loads(path.read_text())
+    tok = read_json(path)
     vocab = dict(tok.get("model", {}).get("vocab", {}))
     vocab.update({t["content"]: t["id"] for t in tok.get("added_tokens", [])})
     return vocab

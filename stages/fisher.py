@@ -14,6 +14,7 @@ from graft.atomic import atomic_file, write_json
 from graft.chat import open_chat
 from graft.fisher import estimate_diag_fisher
 from graft.generation import SamplingSpec, open_generator, table_labels
+from graft.inputs import InputSpec, read_input
 from graft.kfac import eigh_factor, estimate_kfac_factors
 from graft.modeling import load_model, resolve_device
 from graft.schema import load_all
@@ -34,7 +35,8 @@ def main() -> None:
                                                              "data"))
     device = resolve_device(allp["compute"].device)
     if which == "retention":
-        model_dir, prompts_table = models.post, read_table(data.retention, "problems")
+        model_dir = models.post
+        prompts_table = read_input(InputSpec.from_params(data.retention, "data.retention"), "problems")
     else:
         require(args.lr, allp["finetune"].lrs, "finetune.lrs", "--lr")
         require(args.epoch, allp["sweep"].epochs, "sweep.epochs", "--epoch")

@@ -9,6 +9,7 @@ import argparse
 
 from graft.cli import output_path, require_free_space, run_stage
 from graft.atomic import atomic_dir
+from graft.confine import check_apart
 from graft.merging import merge_into_dir
 from graft.schema import load_params
 from graft.tensors import check_compatible, checkpoint_bytes
@@ -24,6 +25,7 @@ def main() -> None:
     if args.lam <= 0:
         raise ValueError(f"--lam must be > 0, got {args.lam}")
     out = output_path(args.out)
+    check_apart({"--out": out}, {"models.post": models.post, "--delta": args.delta})
     require_free_space(out.parent, checkpoint_bytes(models.post), f"merge into {out}")
     with atomic_dir(out) as tmp:
         merge_into_dir(models.post, args.delta, args.lam, tmp)

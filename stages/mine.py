@@ -11,11 +11,12 @@ import pandas as pd
 from graft.cli import run_stage
 from graft.atomic import write_parquet
 from graft.chat import open_chat
+from graft.confine import check_apart
 from graft.generation import Completion, SamplingSpec, open_generator, table_labels
 from graft.grading import Grader
+from graft.inputs import InputSpec, read_input
 from graft.modeling import resolve_device
 from graft.schema import load_params
-from graft.tables import read_table
 
 
 class MiningError(ValueError):
@@ -48,13 +49,14 @@ def main() -> None:
     p, gen, chat, answer, models, data, compute = load_params("mine", "generation", "chat", "answer", "models",
                                                               "data", "compute")
     device = resolve_device(compute.device)
-    pool = read_table(data.hard_pool, "hard_pool")
+    check_apart({"the mined tables": "data/mined"}, {"data.hard_pool.path": data.hard_pool.path})
+    pool = read_input(InputSpec.from_params(data.hard_pool, "data.hard_pool"), "hard_pool")
     fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
     generator = open_generator(models.post, gen, fmt, models.trust_remote_code, device=device)
     spec = SamplingSpec(n=p.k, temperature=p.temperature, top_p=gen.top_p, max_new_tokens=p.max_new_tokens,
                         seed=p.seed)
     outs = generator.generate([fmt.prompt_ids(q) for q in pool["question"]], spec,
-                              labels=table_labels(data.hard_pool, pool["problem_id"]))
+                              labels=table_labels(data.hard_pool.path, pool["problem_id"]))
     generator.close()
     successes = mine_counts(pool, outs, Grader(fmt.chat, fmt.answer, "math"))
     train, test, counts = split_mined(pool, successes, p.max_successes, p.heldout, p.seed)

@@ -10,8 +10,9 @@ import argparse
 
 from graft.atomic import write_parquet
 from graft.cli import run_stage
+from graft.confine import check_apart
+from graft.inputs import InputSpec, describe, read_input
 from graft.schema import load_params
-from graft.tables import read_table
 
 
 def main() -> None:
@@ -21,9 +22,11 @@ def main() -> None:
     data = load_params("data")
     if name not in data.old_suites:
         raise ValueError(f"--name {name} is not a key of params.yaml data.old_suites {sorted(data.old_suites)}")
-    table = read_table(data.old_suites[name].path, "problems")
+    spec = InputSpec.from_params(data.old_suites[name], f"data.old_suites.{name}")
+    check_apart({"its output": f"data/suites/{name}.parquet"}, {f"{spec.key}.path": spec.path})
+    table = read_input(spec, "problems")
     write_parquet(f"data/suites/{name}.parquet", table)
-    print(f"suite {name}: {len(table)} problems from {data.old_suites[name].path}")
+    print(f"suite {name}: {len(table)} problems from {describe(spec)}")
 
 
 if __name__ == "__main__":

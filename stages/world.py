@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from graft.atomic import atomic_dir, write_json, write_parquet
+from graft.cli import run_stage
 from graft.modeling import save_model_dir
 from graft.schema_world import load_world_params
 from graft.world import build_world
@@ -38,4 +39,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

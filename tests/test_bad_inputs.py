@@ -82,6 +82,13 @@ def fails(stage: str, argv: list[str], monkeypatch, capsys, box: Path, outputs: 
     return err
 
 
+def run_main(stage: str, argv: list[str], monkeypatch) -> None:
+    """Run ``python -m stages.<stage> argv`` in-process, expecting success."""
+    mod = importlib.import_module(f"stages.{stage}")
+    monkeypatch.setattr(sys, "argv", [f"{stage}.py", *argv])
+    mod.main()
+
+
 def delta_fails(box, monkeypatch, capsys) -> str:
     return fails("delta", ["--kind", "graft", "--lr", "0.001", "--epoch", "10"], monkeypatch, capsys, box,
                  [f"tensors/delta/graft_{RUN}"])
@@ -166,7 +173,7 @@ def test_mining_keeps_too_few(box, monkeypatch, capsys):
     shutil.copy(box / "data/mined/train.parquet", box / "pool.parquet")
     (box / "data/mined/train.parquet").unlink()
     (box / "data/mined/heldout.parquet").unlink()
-    edit_params(box, lambda p: (p["data"].update(hard_pool="pool.parquet"),
+    edit_params(box, lambda p: (p["data"].update(hard_pool={"path": "pool.parquet"}),
                                 p["mine"].update(k=1, heldout=4, max_new_tokens=2)))
     err = fails("mine", [], monkeypatch, capsys, box,
                 ["data/mined/train.parquet", "data/mined/heldout.parquet", "data/mined/counts.parquet"])

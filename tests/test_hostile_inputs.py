@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
 from safetensors.torch import load_file, save_file
 
-from tests.test_bad_inputs import FT, box, delta_dir, delta_fails, edit_params, fails  # noqa: F401,F811 (fixtures)
+from tests.test_bad_inputs import FT, box, delta_dir, delta_fails, edit_params, fails, run_main  # noqa: F401,F811 (fixtures)
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
@@ -68,13 +69,18 @@ def test_finetune_that_would_learn_nothing(box, monkeypatch, capsys):
     assert "no response token left after truncation" in err and "finetune.max_len" in err
 
 
-def test_external_table_made_of_held_out_problems(box, monkeypatch, capsys):
+def test_users_traces_made_of_held_out_problems(box, monkeypatch, capsys):
+    """A user's own traces (a JSONL file, their column names) that are the held-out problems: the traces stage maps
+    them; training on them is refused."""
     held = pd.read_parquet(box / "data/mined/heldout.parquet")
-    _offpolicy(box, "external", held.assign(think=held.solution, problem_id="renamed"))   # same question, new id
-    edit_params(box, lambda p: p["finetune"].update(source="external"))
+    held.assign(id="renamed").rename(columns={"question": "prompt", "solution": "reasoning"})[
+        ["id", "prompt", "reasoning", "answer"]].to_json(box / "mine.jsonl", orient="records", lines=True)
+    edit_params(box, lambda p: (p["data"].update(offpolicy={"mine": {"path": "mine.jsonl", "columns": {
+        "problem_id": "id", "question": "prompt", "think": "reasoning"}}}), p["finetune"].update(source="mine")))
+    run_main("traces", ["--name", "mine"], monkeypatch)
     before = tree_hashes(box / "data")
     err = fails("finetune", ["--target", "donor", "--lr", "0.001"], monkeypatch, capsys, box, [".graft"])
-    assert "data/offpolicy/external.parquet: 1 training rows are held-out evaluation problems" in err
+    assert "data/offpolicy/mine.parquet: 1 training rows are held-out evaluation problems" in err
     assert "mined held-out" in err and "renamed" in err
     assert tree_hashes(box / "data") == before
 
@@ -96,9 +102,41 @@ def test_merge_overflowing_fp16_is_refused(box, delta_dir, monkeypatch, capsys):
 
 
 def test_a_directory_where_a_table_is_expected(box, monkeypatch, capsys):
-    edit_params(box, lambda p: p["data"].update(hard_pool="data/mined"))
+    edit_params(box, lambda p: p["data"].update(hard_pool={"path": "data/suites"}))   # Parquet files, not a dataset
     err = fails("mine", [], monkeypatch, capsys, box, ["data/mined/counts.parquet"])
-    assert "data/mined: is a directory, not a Parquet file" in err
+    assert "data/suites: is a directory but not a datasets save_to_disk folder" in err
+
+
+def test_an_input_table_that_is_the_stages_own_output(box, monkeypatch, capsys):
+    """The hard pool named as the mined table, a trace table as the file its stage writes: refused, not
+    overwritten."""
+    before = tree_hashes(box / "data")
+    edit_params(box, lambda p: p["data"].update(hard_pool={"path": "data/mined/train.parquet"}))
+    err = fails("mine", [], monkeypatch, capsys, box, ["data/mined/counts.parquet"])
+    assert "data.hard_pool.path (data/mined/train.parquet) overlaps the mined tables (data/mined)" in err
+    assert tree_hashes(box / "data") == before
+    edit_params(box, lambda p: p["data"].update(offpolicy={"mine": {"path": "data/offpolicy/mine.parquet"}}))
+    (box / "data/offpolicy").mkdir(exist_ok=True)
+    shutil.copy(box / "data/mined/train.parquet", box / "data/offpolicy/mine.parquet")
+    before = tree_hashes(box / "data")
+    err = fails("traces", ["--name", "mine"], monkeypatch, capsys, box, [])
+    assert "data.offpolicy.mine.path (data/offpolicy/mine.parquet) overlaps its output" in err
+    assert tree_hashes(box / "data") == before
+
+
+def test_an_export_over_the_post_model(box, delta_dir, monkeypatch, capsys):
+    """An export name that climbs out of models/exported, or a merge aimed at the post model or the delta: refused,
+    the post model intact."""
+    before = tree_hashes(box / "models")
+    for out in ("models/post", "models", str(delta_dir.relative_to(box))):
+        err = fails("merge", ["--delta", str(delta_dir.relative_to(box)), "--lam", "1", "--out", out],
+                    monkeypatch, capsys, box, [])
+        assert "which this stage writes: the input would be overwritten" in err and f"({out})" in err
+    edit_params(box, lambda p: p["export"].update(points={"../post": {"delta": "x", "lam": 1.0}}))
+    err = fails("merge", ["--delta", str(delta_dir.relative_to(box)), "--lam", "1", "--out",
+                          "models/exported/../post"], monkeypatch, capsys, box, [])
+    assert "export.points key '../post' must be a plain name" in err
+    assert tree_hashes(box / "models") == before
 
 
 def test_truncated_safetensors_names_the_file(box, monkeypatch, capsys):
@@ -142,3 +180,22 @@ def test_cuda_asked_for_where_there_is_none(box, monkeypatch, capsys):
     edit_params(box, lambda p: p["compute"].update(device="cuda"))
     err = fails("mine", [], monkeypatch, capsys, box, ["data/mined/counts.parquet"])
     assert "compute.device is cuda, but torch sees no CUDA device" in err
+
+
+def test_garbage_json_in_a_checkpoint_names_the_file(box, monkeypatch, capsys):
+    """config.json, tokenizer.json or the shard index of a model that is not JSON: one line naming that file."""
+    for name in ("config.json", "tokenizer.json"):
+        f = box / "models/post" / name
+        good = f.read_bytes()
+        f.write_text("{ not json")
+        err = delta_fails(box, monkeypatch, capsys)
+        assert f"models/post/{name}: not valid JSON" in err, err
+        f.write_bytes(good)
+    (box / "models/post/tokenizer_config.json").write_text("{ not json")
+    from graft.modeling import load_tokenizer
+    try:
+        load_tokenizer(box / "models/post")
+    except ValueError as e:
+        assert "tokenizer_config.json is not valid JSON" in str(e) and str(box / "models/post") in str(e)
+    else:
+        raise AssertionError("a garbage tokenizer_config.json was accepted")

@@ -219,9 +219,10 @@ KILL_WHEN = {
 }
 
 
-def kill_stage_at(repo: Path, stage: str, pattern: str) -> int:
+def kill_stage_at(repo: Path, stage: str, pattern: str) -> tuple[int, list[str]]:
     """Start `dvc repro -f -s stage`, SIGKILL the stage's own process as soon as a path matching ``pattern``
-    exists; dvc's return code."""
+    exists; dvc's return code, and the command lines of what the stage had started that still runs afterwards
+    (vLLM's EngineCore and workers for the evaluation)."""
     import psutil
 
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -229,19 +230,35 @@ def kill_stage_at(repo: Path, stage: str, pattern: str) -> int:
     dvc = subprocess.Popen(["dvc", "repro", "-f", "-s", stage], cwd=repo, env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     parent = psutil.Process(dvc.pid)
-    child = None
+    child, started = None, []
     while dvc.poll() is None:
         if child is None:
             child = next((c for c in parent.children(recursive=True)
                           if any(a.startswith("stages.") for a in c.cmdline())), None)
         if child is not None and next(repo.glob(pattern), None) is not None:
             try:
+                started = child.children(recursive=True)
                 child.kill()   # SIGKILL: no cleanup handler runs
             except psutil.NoSuchProcess:
                 pass
             break
         time.sleep(0.002)
-    return dvc.wait()
+    rc = dvc.wait()
+
+    def alive() -> list[str]:
+        out = []
+        for p in started:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(" ".join(p.cmdline())[:120])
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    end = time.monotonic() + 120   # the watcher polls every 0.25 s; the bound only ends a failing test
+    while alive() and time.monotonic() < end:
+        time.sleep(0.1)
+    return rc, alive()
 
 
 def leftovers(repo: Path) -> list[str]:
@@ -275,8 +292,9 @@ def test_stage_is_deterministic_and_survives_sigkill(repo, stage):
     assert stage_outs(repo, stage) == want
     # fault: kill it at a fixed point of its own work, then a plain repro must finish with the same outputs
     from_scratch()
-    rc = kill_stage_at(repo, stage, KILL_WHEN[stage])
+    rc, survivors = kill_stage_at(repo, stage, KILL_WHEN[stage])
     assert rc != 0, f"{stage} finished before it could be killed"
+    assert survivors == [], f"{stage} was killed but what it started runs on"
     run(["dvc", "repro"], repo)
     assert stage_outs(repo, stage) == want
     assert "changed" not in run(["dvc", "status"], repo)

@@ -1,0 +1,261 @@
+"""Table inputs as users have them: a Parquet, JSONL/JSON or CSV file, or a Hugging Face ``save_to_disk`` folder,
+with the column names the data set uses, mapped onto graft's table schemas (``graft.tables``) by params.yaml.
+
+An input is a params mapping ``{path, split, columns, answer_marker}`` (``InputSpec``):
+- ``columns`` maps our column names to theirs (``{question: problem, answer: final_answer}``); a column left out is
+  read under our own name. Off-policy traces may map ``messages`` instead (a chat conversation, see
+  ``trace_from_messages``).
+- ``answer_marker`` (e.g. GSM8K's ``####``): the gold answer is the text after the last marker in the answer column;
+  a solution or think column read from the same column keeps the text before it.
+- ``problem_id``, when the data set has none, is derived from the question text, so ids stay the same however the
+  rows are ordered, filtered or appended to.
+What comes out is validated exactly as a Parquet table with our names (``tables.validate_table``). Parquet is read
+with pandas; everything else through ``datasets``, in memory, with its cache in a temporary folder (a stage writes
+nothing outside its outputs).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import numbers
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from graft.chat import AnswerFormat, ChatSpec
+from graft.tables import MESSAGES, SCHEMAS, TableError, mappable_columns, validate_table
+
+SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+# what a save_to_disk folder holds: one data set (state.json) or several splits (dataset_dict.json)
+DISK_MARKERS = ("state.json", "dataset_dict.json")
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    path: str
+    split: str = ""
+    columns: Mapping[str, str] = field(default_factory=dict)   # ours -> theirs
+    answer_marker: str = ""
+    drop_context: bool = False   # traces: train the final exchange of a longer conversation (else an error)
+    key: str = "input"           # the params.yaml key, for messages
+
+    @classmethod
+    def from_params(cls, p, key: str) -> "InputSpec":
+        return cls(p.path, p.split, dict(p.columns), p.answer_marker, bool(p.get("drop_context", False)), key)
+
+
+def load_raw(spec: InputSpec) -> pd.DataFrame:
+    """The input's rows with the data set's own column names."""
+    path = Path(spec.path)
+    if not path.exists():
+        raise TableError(f"{path}: file not found ({spec.key}.path)")
+    if path.is_dir():
+        if not any((path / m).is_file() for m in DISK_MARKERS):
+            raise TableError(f"{path}: is a directory but not a datasets save_to_disk folder (it has no "
+                             f"{' or '.join(DISK_MARKERS)}); name a Parquet, JSONL or CSV file in {spec.key}.path")
+        return _from_disk(path, spec)
+    kind = SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise TableError(f"{path}: unknown file type {path.suffix!r} ({spec.key}.path takes "
+                         f"{', '.join(SUFFIXES)} files or a datasets save_to_disk folder)")
+    if spec.split:
+        raise TableError(f"{path}: {spec.key}.split ({spec.split!r}) applies only to a save_to_disk folder with "
+                         "splits; a file is one table: leave split empty")
+    if kind == "parquet":
+        try:
+            return pd.read_parquet(path)
+        except Exception as e:  # pyarrow raises several types for a corrupt file
+            raise TableError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+    return _from_files(path, kind)
+
+
+def _one_line(e: BaseException) -> str:
+    """The parser's own message: datasets wraps it in a DatasetGenerationError that names nothing."""
+    chain = [e]
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    inner = next((x for x in chain if type(x).__name__ != "DatasetGenerationError"), e)
+    return f"{type(inner).__name__}: {' '.join(str(inner).split())[:300]}"
+
+
+def _from_files(path: Path, kind: str) -> pd.DataFrame:
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)   # its error log would repeat ours, less clearly
+    with tempfile.TemporaryDirectory(prefix="graft-datasets-") as cache:
+        try:
+            ds = datasets.load_dataset(kind, data_files=str(path), split="train", cache_dir=cache,
+                                       keep_in_memory=True)
+        except Exception as e:
+            raise TableError(f"{path}: not a readable {kind.upper()} file ({_one_line(e)})") from None
+        return ds.to_pandas()
+
+
+def _from_disk(path: Path, spec: InputSpec) -> pd.DataFrame:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path), keep_in_memory=True)
+    except Exception as e:
+        raise TableError(f"{path}: not a readable save_to_disk folder ({_one_line(e)})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        splits = sorted(ds)
+        if not spec.split and len(splits) == 1:
+            return ds[splits[0]].to_pandas()
+        if spec.split not in ds:
+            what = f"split {spec.split!r} not found" if spec.split else "several splits: choose one"
+            raise TableError(f"{path}: {what} ({spec.key}.split); the data set has {', '.join(splits)}")
+        return ds[spec.split].to_pandas()
+    if spec.split:
+        raise TableError(f"{path}: a single data set without splits; leave {spec.key}.split empty "
+                         f"(got {spec.split!r})")
+    return ds.to_pandas()
+
+
+def derived_id(question: str) -> str:
+    """A problem id from the question text: stable under reordering, and equal for equal questions."""
+    return "q" + hashlib.sha256(question.encode()).hexdigest()[:12]
+
+
+def _cell_text(value: Any, where: str, row: int, col: str, allow_numbers: bool) -> str:
+    """A cell as text; answers and ids may be numbers in a data set (``42``), never booleans or nulls."""
+    if isinstance(value, str):
+        return value
+    if value is None or (isinstance(value, float) and value != value):
+        raise TableError(f"{where}: row {row}: column {col!r} is empty (null)")
+    if allow_numbers and isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        return str(value)
+    raise TableError(f"{where}: row {row}: column {col!r} must hold {'text or numbers' if allow_numbers else 'text'}"
+                     f", got {type(value).__name__}")
+
+
+def _split_marker(text: str, marker: str, where: str, row: int, col: str) -> tuple[str, str]:
+    cut = text.rfind(marker)
+    if cut < 0:
+        raise TableError(f"{where}: row {row}: column {col!r} has no answer marker {marker!r}")
+    answer = text[cut + len(marker):].strip()
+    if not answer:
+        raise TableError(f"{where}: row {row}: column {col!r} has nothing after the answer marker {marker!r}")
+    return text[:cut].strip(), answer
+
+
+def trace_from_messages(messages: Any, where: str, row: int, spec: InputSpec, chat: ChatSpec,
+                        fmt: AnswerFormat) -> tuple[str, str, str]:
+    """(question, think, answer) of a chat conversation's final exchange: the last user turn and the assistant turn
+    that answers it. The assistant's reasoning is its ``reasoning_content`` (or ``reasoning``) field, else its think
+    block (chat.think_markers), else the text before the answer; the answer is read in answer.format. A system turn
+    or earlier turns cannot be part of a single-turn training example: an error unless ``drop_context``."""
+    if hasattr(messages, "tolist"):
+        messages = messages.tolist()
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise TableError(f"{where}: row {row}: column {MESSAGES!r} must be a list of {{role, content}} messages")
+    for i, m in enumerate(messages):
+        if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise TableError(f"{where}: row {row}: message {i} must have a role ({', '.join(ROLES)}) and text "
+                             f"content, got role {m.get('role')!r}")
+    if not messages or messages[-1]["role"] != "assistant":
+        last = messages[-1]["role"] if messages else "nothing"
+        raise TableError(f"{where}: row {row}: the conversation ends with {last} (no assistant turn to train on)")
+    if len(messages) < 2 or messages[-2]["role"] != "user":
+        raise TableError(f"{where}: row {row}: the final assistant turn does not answer a user turn")
+    context = messages[:-2]
+    if context and not spec.drop_context:
+        kinds = sorted({m["role"] for m in context})
+        raise TableError(f"{where}: row {row}: the conversation has {len(context)} message(s) ({', '.join(kinds)}) "
+                         "before its final exchange; graft trains single-turn examples, with the system turn of "
+                         f"chat.system_prompt: set {spec.key}.drop_context: true to train the final exchange alone")
+    question, reply = messages[-2]["content"], messages[-1]
+    text = reply["content"]
+    think = next((reply[k] for k in ("reasoning_content", "reasoning") if isinstance(reply.get(k), str)), None)
+    final = text
+    if think is None and chat.think_markers and chat.think_markers[1] in text:
+        open_, close = chat.think_markers
+        think, final = text.split(close, 1)
+        think = think.replace(open_, "", 1)
+    if think is None:
+        think = fmt.before_answer(text)
+    answer = fmt.extract(final)
+    if not answer:
+        raise TableError(f"{where}: row {row}: the assistant turn has no final answer in answer.format "
+                         f"{fmt.format!r} (what the training target is rendered from)")
+    return question, think.strip(), answer
+
+
+def map_columns(raw: pd.DataFrame, spec: InputSpec, schema: str, chat: ChatSpec | None = None,
+                fmt: AnswerFormat | None = None, source: str | None = None) -> pd.DataFrame:
+    """The rows in our schema's columns, before validation. ``source`` names a trace table's rows."""
+    if schema == "offpolicy" and not source:
+        raise ValueError("a trace table needs the source name its rows are written under")
+    where = spec.path
+    theirs = {ours: spec.columns.get(ours, ours) for ours in mappable_columns(schema)}
+    messages = MESSAGES in spec.columns or (schema == "offpolicy" and MESSAGES in raw.columns
+                                            and "question" not in raw.columns)
+    wanted = [c for c in SCHEMAS[schema] if c not in ("problem_id", "source")]
+    if messages:
+        wanted = [MESSAGES]
+    for ours in wanted:
+        if theirs[ours] not in raw.columns:
+            how = (f"mapped to {ours} by {spec.key}.columns" if ours in spec.columns
+                   else f"our name for {ours}; map yours in {spec.key}.columns")
+            raise TableError(f"{where}: column {theirs[ours]!r} not found ({how}); the data set has "
+                             f"{', '.join(map(str, raw.columns)) or 'no columns'}")
+    if "problem_id" in spec.columns and theirs["problem_id"] not in raw.columns:
+        raise TableError(f"{where}: column {theirs['problem_id']!r} not found (mapped to problem_id by "
+                         f"{spec.key}.columns); the data set has {', '.join(map(str, raw.columns))}")
+    rows: dict[str, list[str]] = {c: [] for c in SCHEMAS[schema]}
+    for i in range(len(raw)):
+        rec = raw.iloc[i]
+        if messages:
+            assert chat is not None and fmt is not None, "traces from messages need the chat and answer settings"
+            q, t, a = trace_from_messages(rec[theirs[MESSAGES]], where, i, spec, chat, fmt)
+            values = {"question": q, "think": t, "answer": a}
+        else:
+            values = {c: _cell_text(rec[theirs[c]], where, i, theirs[c], allow_numbers=(c == "answer")) for c in wanted}
+            if spec.answer_marker:
+                col = theirs["answer"]
+                before, values["answer"] = _split_marker(values["answer"], spec.answer_marker, where, i, col)
+                for c in ("solution", "think"):
+                    if c in values and theirs[c] == col:
+                        values[c] = before
+        if theirs["problem_id"] in raw.columns:
+            values["problem_id"] = _cell_text(rec[theirs["problem_id"]], where, i, theirs["problem_id"], True)
+        else:
+            values["problem_id"] = derived_id(values["question"])
+        if schema == "offpolicy":
+            values["source"] = source
+        for c in rows:
+            rows[c].append(values[c])
+    out = pd.DataFrame(rows, columns=list(SCHEMAS[schema]))
+    if schema != "offpolicy" and theirs["problem_id"] not in raw.columns:
+        dup = out["problem_id"].duplicated(keep=False)
+        if dup.any():
+            first = list(out.index[dup][:2])
+            raise TableError(f"{where}: rows {first[0]} and {first[1]} have the same question (problem ids are "
+                             f"derived from the question when the data set has none); remove the duplicates or "
+                             f"map an id column in {spec.key}.columns")
+    return out
+
+
+def read_input(spec: InputSpec, schema: str, chat: ChatSpec | None = None, fmt: AnswerFormat | None = None,
+               source: str | None = None) -> pd.DataFrame:
+    """A table input of params.yaml, mapped onto ``schema`` and validated."""
+    raw = load_raw(spec)
+    if not spec.columns and not spec.answer_marker and schema != "offpolicy":
+        try:
+            return validate_table(raw, spec.path, schema)   # our own table, as it is (extra columns kept)
+        except TableError:
+            pass   # numbers for text, a missing id, ...: the mapping below converts it or names the row
+    return validate_table(map_columns(raw, spec, schema, chat, fmt, source), spec.path, schema)
+
+
+def describe(spec: InputSpec) -> str:
+    """One line for a stage's log: where the rows came from and how they were mapped."""
+    extra = {k: v for k, v in (("split", spec.split), ("columns", dict(spec.columns)),
+                               ("answer_marker", spec.answer_marker)) if v}
+    return spec.path + (f" {json.dumps(extra)}" if extra else "")
