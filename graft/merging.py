@@ -164,6 +164,9 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[
     names = plan.delta.ordered_names()
     total = sum(_numel(plan.delta.shape(n)) for n in names)
     k = top_rho_count(total, rho) if plan.kind != "none" else 0
+    if plan.kind != "none" and rho > 0 and k == 0:   # the "masked" graft would silently be the unmasked one
+        raise ValueError(f"rho {rho} masks floor(rho x {total}) = 0 of the delta's {total} directions: the {plan.kind} "
+                         f"mask would remove nothing; use a larger value in sweep.rhos")
     # The marking pass of the selection reads each delta tensor and scores it just before its mask is yielded, and
     # the writer asks for that same tensor next: keep both so neither is read or scored twice.
     current: dict[str, object] = {}

@@ -81,6 +81,10 @@ def main() -> None:
     allp = load_all()
     p, gen, chat, answer, models, data, ft = (allp[s] for s in ("evaluate", "generation", "chat", "answer", "models",
                                                                  "data", "finetune"))
+    over = [k for k in p.pass_k if k > p.n_samples]
+    if over:   # pass@k needs k samples of a problem: the metric would silently be missing
+        raise ValueError(f"evaluate.pass_k has {over[0]}, more than evaluate.n_samples ({p.n_samples}) samples per "
+                         "problem; lower it or raise n_samples")
     new_task, suites, paths = evaluation_suites(allp)
 
     points = sweep_points(allp)

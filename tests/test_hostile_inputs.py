@@ -3,6 +3,7 @@ outside the repository), no input changes (hashes before and after), and the err
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 import shutil
 from pathlib import Path
@@ -199,3 +200,20 @@ def test_garbage_json_in_a_checkpoint_names_the_file(box, monkeypatch, capsys):
         assert "tokenizer_config.json is not valid JSON" in str(e) and str(box / "models/post") in str(e)
     else:
         raise AssertionError("a garbage tokenizer_config.json was accepted")
+
+
+def test_params_that_would_silently_drop_a_metric_or_mask_nothing(box, delta_dir, monkeypatch, capsys):
+    edit_params(box, lambda p: p["evaluate"].update(n_samples=2, pass_k=[1, 4]))
+    err = fails("evaluate", [], monkeypatch, capsys, box, ["reports/points"])
+    assert "evaluate.pass_k has 4, more than evaluate.n_samples (2)" in err
+    from graft.merging import MaskPlan, write_masked_delta
+    from graft.tensors import TensorReader
+    with TensorReader(delta_dir) as d:
+        total = sum(math.prod(d.shape(n)) for n in d.ordered_names())
+        try:
+            write_masked_delta(MaskPlan("random", d, None, seed=0), 0.5 / total, box / "masked")
+        except ValueError as e:
+            assert "masks floor(rho x" in str(e) and "would remove nothing" in str(e)
+        else:
+            raise AssertionError("a mask of zero directions was written")
+    assert not (box / "masked").exists()
