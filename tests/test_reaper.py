@@ -33,6 +33,20 @@ def tagged(tag: str) -> list[int]:
     return out
 
 
+def started_all(tag: str) -> bool:
+    """The stage, its child and its grandchild all live (told apart by their ``-c`` code, since a shell between
+    DVC and the stage, as ``/bin/sh`` when SHELL is unset, carries the tag too)."""
+    argvs = []
+    for pid in tagged(tag):
+        try:
+            argvs.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+    return (any(b"tests.sleepy_stage" in a for a in argvs)
+            and any(len(a) > 2 and a[1] == b"-c" and a[2].startswith(b"import subprocess") for a in argvs)
+            and any(len(a) > 2 and a[1] == b"-c" and a[2].startswith(b"import time") for a in argvs))
+
+
 def wait_for(condition, what: str, limit_s: float = 120.0) -> None:
     """Poll until ``condition()``; the limit only bounds a failing test, it is no timing assumption."""
     end = time.monotonic() + limit_s
@@ -51,7 +65,7 @@ def start_stage(tmp_path: Path, mode: str, cwd: Path | None = None):
 
 def test_what_a_killed_stage_started_dies_with_it(tmp_path):
     proc, tag = start_stage(tmp_path, "sleep")
-    wait_for(lambda: len(tagged(tag)) == 3, "the stage, its child and its grandchild")
+    wait_for(lambda: started_all(tag), "the stage, its child and its grandchild")
     proc.send_signal(signal.SIGKILL)   # no cleanup handler of the stage runs
     proc.wait()
     wait_for(lambda: not tagged(tag), "the stage's child and grandchild to be killed")
@@ -74,7 +88,7 @@ def test_a_stage_ends_with_the_dvc_repro_that_launched_it(tmp_path):
     dvc = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=ENV, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     wait_for((repo / "started").exists, "the stage to start")
-    wait_for(lambda: len(tagged(tag)) == 3, "the stage, its child and its grandchild")
+    wait_for(lambda: started_all(tag), "the stage, its child and its grandchild")
     dvc.send_signal(signal.SIGKILL)
     dvc.wait()
     wait_for(lambda: not tagged(tag), "the orphaned stage and what it started to be killed")
