@@ -14,6 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config
 
 from graft.family_chat import CHAT_TEMPLATE_JINJA, EOS, IM_END, PAD, SPECIAL_TOKENS
+from graft.tensors import CheckpointError, read_json
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -122,10 +123,8 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
 
 
 def _parses(path: Path) -> bool:
-    import json
-
     try:
-        json.loads(path.read_text())
+        read_json(path)
         return True
-    except (ValueError, UnicodeDecodeError):
+    except CheckpointError:
         return False

@@ -29,24 +29,27 @@ POLL_S = 0.25
 TOKEN = "GRAFT_STAGE"   # identity only: what it holds never changes a result
 
 
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat); None if it is gone."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (which may hold spaces and parentheses); None if the
+    process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()   # the command name may hold spaces and parentheses
-    if fields[0] == "Z":                             # a zombie has exited: nothing left to stop
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat); None if it is gone."""
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":   # a zombie has exited: nothing left to stop
         return None
     return int(fields[19])
 
 
 def parent_of(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[1])
+    fields = _stat(pid)
+    return None if fields is None else int(fields[1])
 
 
 def descendants(root: int) -> dict[int, int]:
