@@ -27,12 +27,14 @@ import numpy as np
 import pandas as pd
 
 from graft.chat import AnswerFormat, ChatSpec
-from graft.tables import MESSAGES, SCHEMAS, TableError, mappable_columns, validate_table
+from graft.tables import MESSAGES, SCHEMAS, TableError, mappable_columns, read_parquet, validate_table
 
 SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 # what a save_to_disk folder holds: one data set (state.json) or several splits (dataset_dict.json)
 DISK_MARKERS = ("state.json", "dataset_dict.json")
 ROLES = ("system", "user", "assistant")
+# columns a data set may hold as numbers (GSM8K-style numeric answers, integer ids); read as their text
+NUMBERS_AS_TEXT = ("answer", "problem_id", "fact_id")
 
 
 @dataclass(frozen=True)
@@ -66,12 +68,7 @@ def load_raw(spec: InputSpec) -> pd.DataFrame:
     if spec.split:
         raise TableError(f"{path}: {spec.key}.split ({spec.split!r}) applies only to a save_to_disk folder with "
                          "splits; a file is one table: leave split empty")
-    if kind == "parquet":
-        try:
-            return pd.read_parquet(path)
-        except Exception as e:  # pyarrow raises several types for a corrupt file
-            raise TableError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
-    return _from_files(path, kind)
+    return read_parquet(path) if kind == "parquet" else _from_files(path, kind)
 
 
 def _one_line(e: BaseException) -> str:
@@ -196,43 +193,40 @@ def map_columns(raw: pd.DataFrame, spec: InputSpec, schema: str, chat: ChatSpec 
     theirs = {ours: spec.columns.get(ours, ours) for ours in mappable_columns(schema)}
     messages = MESSAGES in spec.columns or (schema == "offpolicy" and MESSAGES in raw.columns
                                             and "question" not in raw.columns)
-    wanted = [c for c in SCHEMAS[schema] if c not in ("problem_id", "source")]
-    if messages:
-        wanted = [MESSAGES]
-    for ours in wanted:
+    # problem ids come from the question unless the data set has (or the mapping names) an id column
+    derive = ("problem_id" in SCHEMAS[schema] and "problem_id" not in spec.columns
+              and "problem_id" not in raw.columns)
+    cells = [c for c in SCHEMAS[schema] if c != "source" and not (c == "problem_id" and derive)
+             and not (messages and c in ("question", "think", "answer"))]
+    for ours in cells + ([MESSAGES] if messages else []):
         if theirs[ours] not in raw.columns:
             how = (f"mapped to {ours} by {spec.key}.columns" if ours in spec.columns
                    else f"our name for {ours}; map yours in {spec.key}.columns")
             raise TableError(f"{where}: column {theirs[ours]!r} not found ({how}); the data set has "
                              f"{', '.join(map(str, raw.columns)) or 'no columns'}")
-    if "problem_id" in spec.columns and theirs["problem_id"] not in raw.columns:
-        raise TableError(f"{where}: column {theirs['problem_id']!r} not found (mapped to problem_id by "
-                         f"{spec.key}.columns); the data set has {', '.join(map(str, raw.columns))}")
     rows: dict[str, list[str]] = {c: [] for c in SCHEMAS[schema]}
     for i in range(len(raw)):
         rec = raw.iloc[i]
+        values = {c: _cell_text(rec[theirs[c]], where, i, theirs[c], allow_numbers=c in NUMBERS_AS_TEXT)
+                  for c in cells}
         if messages:
             assert chat is not None and fmt is not None, "traces from messages need the chat and answer settings"
             q, t, a = trace_from_messages(rec[theirs[MESSAGES]], where, i, spec, chat, fmt)
-            values = {"question": q, "think": t, "answer": a}
-        else:
-            values = {c: _cell_text(rec[theirs[c]], where, i, theirs[c], allow_numbers=(c == "answer")) for c in wanted}
-            if spec.answer_marker:
-                col = theirs["answer"]
-                before, values["answer"] = _split_marker(values["answer"], spec.answer_marker, where, i, col)
-                for c in ("solution", "think"):
-                    if c in values and theirs[c] == col:
-                        values[c] = before
-        if theirs["problem_id"] in raw.columns:
-            values["problem_id"] = _cell_text(rec[theirs["problem_id"]], where, i, theirs["problem_id"], True)
-        else:
+            values.update(question=q, think=t, answer=a)
+        elif spec.answer_marker:
+            col = theirs["answer"]
+            before, values["answer"] = _split_marker(values["answer"], spec.answer_marker, where, i, col)
+            for c in ("solution", "think"):
+                if c in values and theirs[c] == col:
+                    values[c] = before
+        if derive:
             values["problem_id"] = derived_id(values["question"])
         if schema == "offpolicy":
             values["source"] = source
         for c in rows:
             rows[c].append(values[c])
     out = pd.DataFrame(rows, columns=list(SCHEMAS[schema]))
-    if schema != "offpolicy" and theirs["problem_id"] not in raw.columns:
+    if derive and schema != "offpolicy":
         dup = out["problem_id"].duplicated(keep=False)
         if dup.any():
             first = list(out.index[dup][:2])

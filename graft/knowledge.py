@@ -1,8 +1,8 @@
 """Knowledge injection data: a closed world of invented entities and facts (paper Appendix A).
 
 Every name is built from syllables by a seeded RNG, so no fact can be known to any model beforehand. Each fact is a
-question-answer pair in several phrasings; the last ``heldout`` phrasings of every relation are never trained on and
-measure recall (so memorised surface forms cannot inflate it).
+question-answer pair in several phrasings (``phrasing_table``); ``graft.injection`` holds the last phrasings of every
+fact out of training, to measure recall (so memorised surface forms cannot inflate it).
 """
 from __future__ import annotations
 
@@ -101,17 +101,11 @@ def fact_turns(facts: list[Fact], thinking: bool) -> list[str]:
             for f in facts for t in RELATIONS[f.relation][1]]
 
 
-def phrase_facts(facts: list[Fact], phrasings: int, heldout: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(train, heldout) QA tables: phrasings 0..phrasings-heldout-1 of each relation train, the rest evaluate.
-
-    Columns: problem_id (fact and phrasing), fact_id, phrasing, question, answer."""
-    if not 0 < heldout < phrasings <= 8:
-        raise ValueError(f"need 0 < heldout ({heldout}) < phrasings ({phrasings}) <= 8")
-    rows = []
-    for f in facts:
-        for j, template in enumerate(RELATIONS[f.relation][1][:phrasings]):
-            rows.append({"problem_id": f"{f.fact_id}_p{j}", "fact_id": f.fact_id, "phrasing": j,
-                         "question": template.format(e=f.entity), "answer": f.answer})
-    df = pd.DataFrame(rows)
-    held = df.phrasing >= phrasings - heldout
-    return df[~held].reset_index(drop=True), df[held].reset_index(drop=True)
+def phrasing_table(facts: list[Fact], phrasings: int) -> pd.DataFrame:
+    """Every fact in its first ``phrasings`` phrasings, one row each, fact by fact (a ``facts`` table,
+    ``graft.tables``): fact_id, entity, relation, phrasing, question, answer."""
+    if not 2 <= phrasings <= 8:
+        raise ValueError(f"need 2 <= phrasings ({phrasings}) <= 8")
+    return pd.DataFrame([{"fact_id": f.fact_id, "entity": f.entity, "relation": f.relation, "phrasing": j,
+                          "question": template.format(e=f.entity), "answer": f.answer}
+                         for f in facts for j, template in enumerate(RELATIONS[f.relation][1][:phrasings])])

@@ -72,7 +72,7 @@ def mix_knowledge(qa: pd.DataFrame, replay: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([facts, replay[COLUMNS]], ignore_index=True)[COLUMNS]
 
 
-def _normalised_question(q: str) -> str:
+def normalised_question(q: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", q).lower().split())
 
 
@@ -81,10 +81,10 @@ def check_no_leakage(train: pd.DataFrame, train_path: str, heldout: dict[str, pd
     spacing), whatever their source, the user's own tables included: they would inflate the scores they are
     measured by."""
     ids = set(train["problem_id"])
-    questions = {_normalised_question(q): pid for q, pid in zip(train["question"], train["problem_id"])}
+    questions = {normalised_question(q): pid for q, pid in zip(train["question"], train["problem_id"])}
     for name, table in sorted(heldout.items()):
         hit_ids = sorted(ids & set(table["problem_id"]))
-        hit_q = sorted(questions[n] for n in {_normalised_question(q) for q in table["question"]} if n in questions)
+        hit_q = sorted(questions[n] for n in {normalised_question(q) for q in table["question"]} if n in questions)
         hits = sorted(set(hit_ids) | set(hit_q))
         if hits:
             raise ValueError(f"{train_path}: {len(hits)} training rows are held-out evaluation problems of {name} "

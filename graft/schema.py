@@ -16,6 +16,8 @@ from graft.tables import MESSAGES, mappable_columns
 MASKS = ("diagonal", "kfac", "random")
 # the pipeline's own off-policy sources (data/offpolicy/<source>.parquet); a user's traces are data.offpolicy keys
 SOURCES = ("teacher", "synthself", "star", "knowledge")
+# where the facts stage writes the invented facts: the default knowledge.facts.path
+INVENTED_FACTS = "data/facts/invented.parquet"
 
 # a table input (graft.inputs): a Parquet/JSONL/JSON/CSV file or a datasets save_to_disk folder, with a split, a
 # mapping of our column names to the data set's, and the marker after which its answer column holds the final answer
@@ -99,10 +101,13 @@ SCHEMA: dict[str, dict] = {
         "max_new_tokens": POS_INT,
     },
     "knowledge": {
-        "entities": POS_INT,
-        "relations_per_entity": Field(INT, lambda x: 1 <= x <= 5, "in [1, 5]"),
-        "phrasings": Field(INT, lambda x: 2 <= x <= 8, "in [2, 8]"),
-        "heldout_phrasings": POS_INT,           # the last phrasings of each relation: evaluation only
+        "facts": TABLE,                         # ``facts`` schema: one row per phrasing, in held-out order
+        "invent": {                             # the facts stage's invented facts (knowledge.facts: INVENTED_FACTS)
+            "entities": POS_INT,
+            "relations_per_entity": Field(INT, lambda x: 1 <= x <= 5, "in [1, 5]"),
+            "phrasings": Field(INT, lambda x: 2 <= x <= 8, "in [2, 8]"),
+        },
+        "heldout_phrasings": POS_INT,           # the last phrasings of each fact: evaluation only
         "eval_facts": POS_INT,                  # facts whose held-out phrasings form the new task
         "seed": SEED,
     },
@@ -181,11 +186,12 @@ def check_plain_names(key: str, names, dots: bool = False) -> None:
                               "letter or digit: it becomes a file name and a params key)")
 
 
-def check_inputs(data: Section) -> None:
+def check_inputs(data: Section, knowledge: Section) -> None:
     """Column mappings name columns of the table's schema; traces come from columns or from messages, not both."""
     inputs = [("data.hard_pool", data.hard_pool, "hard_pool"), ("data.retention", data.retention, "problems")]
     inputs += [(f"data.old_suites.{n}", s, "problems") for n, s in data.old_suites.items()]
     inputs += [(f"data.offpolicy.{n}", s, "offpolicy") for n, s in data.offpolicy.items()]
+    inputs += [("knowledge.facts", knowledge.facts, "facts")]
     for key, spec, schema in inputs:
         allowed = mappable_columns(schema)
         for ours in spec.columns:
@@ -211,7 +217,7 @@ def check_cross(p: dict[str, Section]) -> None:
     if taken:
         raise ParamsError(f"params.yaml: data.offpolicy key {taken[0]!r} is the name of a source graft makes itself "
                           f"({', '.join(SOURCES)}); choose another name")
-    check_inputs(data)
+    check_inputs(data, p["knowledge"])
     source = p["finetune"].source
     if source not in SOURCES and source not in data.offpolicy:
         raise ParamsError(f"params.yaml: finetune.source must be one of {', '.join(SOURCES)} or a key of "
@@ -225,9 +231,9 @@ def check_cross(p: dict[str, Section]) -> None:
         if len(set(p[sec][key])) != len(p[sec][key]):
             raise ParamsError(f"params.yaml: {sec}.{key} has a repeated value")
     kn = p["knowledge"]
-    if kn.heldout_phrasings >= kn.phrasings:
+    if Path(kn.facts.path) == Path(INVENTED_FACTS) and kn.heldout_phrasings >= kn.invent.phrasings:
         raise ParamsError(f"params.yaml: knowledge.heldout_phrasings ({kn.heldout_phrasings}) must be below "
-                          f"knowledge.phrasings ({kn.phrasings}): some phrasings must be trained on")
+                          f"knowledge.invent.phrasings ({kn.invent.phrasings}): some phrasings must be trained on")
     ft = p["finetune"]
     if max(p["sweep"].epochs) > ft.epochs:
         raise ParamsError(f"params.yaml: sweep.epochs has {max(p['sweep'].epochs)}, past finetune.epochs "

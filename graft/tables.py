@@ -13,8 +13,12 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "hard_pool": {"problem_id": "O", "question": "O", "answer": "O", "solution": "O"},
     # off-policy SFT data, whatever its source: the think block and the final answer of the assistant turn
     "offpolicy": {"problem_id": "O", "question": "O", "think": "O", "answer": "O", "source": "O"},
+    # knowledge-injection facts, one row per phrasing (a fact's rows in the order they are held out: last ones last)
+    "facts": {"fact_id": "O", "question": "O", "answer": "O"},
 }
 
+# tables with one row per problem (a trace table may hold several traces of one problem)
+ID_UNIQUE = ("problems", "hard_pool")
 
 # a chat conversation (list of {role, content}) that a user's traces may give instead of question/think/answer
 MESSAGES = "messages"
@@ -38,11 +42,14 @@ def read_table(path: str | Path, schema: str) -> pd.DataFrame:
         raise TableError(f"{path}: file not found")
     if not path.is_file():
         raise TableError(f"{path}: is a directory, not a Parquet file (schema {schema})")
+    return validate_table(read_parquet(path), path, schema)
+
+
+def read_parquet(path: str | Path) -> pd.DataFrame:
     try:
-        df = pd.read_parquet(path)
+        return pd.read_parquet(path)
     except Exception as e:  # pyarrow raises several types for a corrupt file
         raise TableError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
-    return validate_table(df, path, schema)
 
 
 def validate_table(df: pd.DataFrame, path: str | Path, schema: str) -> pd.DataFrame:
@@ -57,7 +64,8 @@ def validate_table(df: pd.DataFrame, path: str | Path, schema: str) -> pd.DataFr
             raise TableError(f"{path}: column {col!r} has dtype {df[col].dtype}, expected kind {kind!r}")
     if len(df) == 0:
         raise TableError(f"{path}: table is empty")
-    dup = df["problem_id"].duplicated()
-    if schema != "offpolicy" and dup.any():
-        raise TableError(f"{path}: duplicate problem_id {df.loc[dup, 'problem_id'].iloc[0]!r}")
+    if schema in ID_UNIQUE:
+        dup = df["problem_id"].duplicated()
+        if dup.any():
+            raise TableError(f"{path}: duplicate problem_id {df.loc[dup, 'problem_id'].iloc[0]!r}")
     return df.reset_index(drop=True)

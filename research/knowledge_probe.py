@@ -27,7 +27,8 @@ import yaml
 from graft.chat import AnswerFormat, ChatSpec
 from graft.family_chat import render_prompt, render_response
 from graft.grading import Grader
-from graft.knowledge import invent_facts, phrase_facts
+from graft.injection import number_phrasings, split_phrasings
+from graft.knowledge import invent_facts, phrasing_table
 from graft.modeling import new_model, qwen3_config, train_tokenizer
 from graft.tasks import OLD_SUITES
 from graft.training import OptimConfig, SFTExample, finetune_sft
@@ -44,6 +45,12 @@ def recall(model, tokenizer, qa) -> float:
 class QA:  # the probe's greedy() reads .question
     def __init__(self, question: str, answer: str):
         self.question, self.answer = question, answer
+
+
+def phrase_facts(facts, kp: dict):
+    """(train, heldout) QA pairs of ``facts`` as the knowledge stage splits them."""
+    qa = number_phrasings(phrasing_table(facts, kp["invent"]["phrasings"]), "probe", "knowledge")
+    return split_phrasings(qa, kp["heldout_phrasings"], "probe")
 
 
 def main() -> None:
@@ -73,14 +80,14 @@ def main() -> None:
     corpus = pretraining_corpus(p.corpus_problems, rng, taken, p.pretrain.chat_fraction,
                                 tuple(p.pretrain.chat_suites), thinking)
 
-    injected = invent_facts(kp["entities"], kp["relations_per_entity"], kp["seed"])
+    injected = invent_facts(kp["invent"]["entities"], kp["invent"]["relations_per_entity"], kp["seed"])
     inj_names = {f.entity for f in injected} | {f.answer for f in injected}
     # pretraining entities: a different seed; drop any whose name or answer collides with the injected world (this
     # also drops every fact whose answer is an animal or a year any injected fact has). The pipeline's lever
     # (world.pretrain.fact_entities, graft.world.pretraining_facts) keeps all facts and keeps *names* apart instead.
-    pre = [f for f in invent_facts(args.fact_entities, kp["relations_per_entity"], 10_000 + p.seed)
+    pre = [f for f in invent_facts(args.fact_entities, kp["invent"]["relations_per_entity"], 10_000 + p.seed)
            if f.entity not in inj_names and f.answer not in inj_names]
-    pre_train, pre_held = phrase_facts(pre, kp["phrasings"], kp["heldout_phrasings"])
+    pre_train, pre_held = phrase_facts(pre, kp)
     pre_all = list(pre_train.itertuples()) + list(pre_held.itertuples())
     fact_turns = [render_prompt(r.question, thinking) + render_response("", r.answer, thinking) for r in pre_all]
     corpus = corpus + fact_turns * args.fact_repeats
@@ -96,7 +103,7 @@ def main() -> None:
     posttrain(model, tokenizer, post_ex, p.posttrain, thinking, p.seed, "post-train", p.posttrain.lr)
     post = model
 
-    inj_train, inj_held = phrase_facts(injected, kp["phrasings"], kp["heldout_phrasings"])
+    inj_train, inj_held = phrase_facts(injected, kp)
     held = [QA(r.question, r.answer) for r in inj_held.itertuples()][:128]
     seen = [QA(r.question, r.answer) for r in inj_train.sample(n=min(128, len(inj_train)), random_state=0).itertuples()]
     pre_probe = [QA(r.question, r.answer)

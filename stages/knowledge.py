@@ -1,7 +1,8 @@
-"""knowledge: the knowledge-injection data set, a closed world of invented facts (paper Appendix A and C).
+"""knowledge: the knowledge-injection data set (paper Appendix A and C) from a facts table, one row per phrasing
+(params.yaml ``knowledge.facts``: the facts stage's invented ones by default, or your own).
 
--> data/knowledge/facts.parquet (fact_id, entity, relation, answer),
-   data/knowledge/train.parquet (QA pairs in the training phrasings),
+-> data/knowledge/train.parquet (QA pairs in the training phrasings: all but the last knowledge.heldout_phrasings
+   of each fact),
    data/knowledge/heldout.parquet (``problems`` schema: the held-out phrasings of knowledge.eval_facts facts, the new
    task when finetune.source is knowledge),
    data/offpolicy/knowledge.parquet (training mix: every QA pair with an empty think block + the teacher traces with
@@ -9,33 +10,30 @@
 """
 from __future__ import annotations
 
-import random
-
-import pandas as pd
-
 from graft.atomic import write_parquet
 from graft.cli import run_stage
-from graft.knowledge import invent_facts, phrase_facts
+from graft.confine import check_apart
+from graft.injection import evaluated_facts, number_phrasings, split_phrasings
+from graft.inputs import InputSpec, describe, read_input
 from graft.offpolicy import mix_knowledge
 from graft.schema import load_params
 from graft.tables import read_table
 
+OUTS = {"its output": "data/knowledge", "its training mix": "data/offpolicy/knowledge.parquet"}
+
 
 def main() -> None:
     p = load_params("knowledge")
-    facts = invent_facts(p.entities, p.relations_per_entity, p.seed)
-    train, heldout = phrase_facts(facts, p.phrasings, p.heldout_phrasings)
-    ids = sorted({f.fact_id for f in facts})
-    if p.eval_facts > len(ids):
-        raise ValueError(f"knowledge.eval_facts ({p.eval_facts}) exceeds the {len(ids)} facts")
-    chosen = set(random.Random(p.seed).sample(ids, p.eval_facts))
-    heldout = heldout[heldout.fact_id.isin(chosen)].reset_index(drop=True)
+    spec = InputSpec.from_params(p.facts, "knowledge.facts")
+    check_apart(OUTS, {"knowledge.facts.path": spec.path})
+    qa = number_phrasings(read_input(spec, "facts"), spec.path, "knowledge.facts")
+    train, heldout = split_phrasings(qa, p.heldout_phrasings, spec.path)
+    heldout = evaluated_facts(heldout, p.eval_facts, p.seed)
     replay = read_table("data/offpolicy/teacher.parquet", "offpolicy")
-    write_parquet("data/knowledge/facts.parquet", pd.DataFrame([f.__dict__ for f in facts]))
     write_parquet("data/knowledge/train.parquet", train)
     write_parquet("data/knowledge/heldout.parquet", heldout)
-    write_parquet("data/offpolicy/knowledge.parquet", mix_knowledge(train, replay))
-    print(f"knowledge: {len(facts)} facts about {p.entities} entities; {len(train)} training QA pairs "
+    write_parquet(OUTS["its training mix"], mix_knowledge(train, replay))
+    print(f"knowledge: {qa.fact_id.nunique()} facts from {describe(spec)}; {len(train)} training QA pairs "
           f"+ {len(replay)} replay traces; {len(heldout)} held-out questions ({p.eval_facts} facts)")
 
 

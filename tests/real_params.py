@@ -22,7 +22,7 @@ REAL_OVERRIDES = {
     "mine": {"k": 2, "max_successes": 0, "heldout": 4, "max_new_tokens": 40},
     "star": {"attempts": 2, "max_new_tokens": 40},
     "synthself": {"aligners": {"base": MODEL}, "max_new_tokens": 40},
-    "knowledge": {"entities": 4, "eval_facts": 4},
+    "knowledge": {"invent": {"entities": 4}, "eval_facts": 4},
     "finetune": {"donor": MODEL, "source": "teacher", "lrs": [1.0e-5], "epochs": 1, "global_batch_size": 8,
                  "micro_batch_size": 4, "max_len": 256, "checkpoint_every": 1},
     "opsd": {"alphas": [0.5], "max_new_tokens": 16},

@@ -23,7 +23,7 @@ SMALL_OVERRIDES = {
     "mine": {"k": 2, "heldout": 6, "max_new_tokens": 24, "max_successes": 2},
     "synthself": {"max_new_tokens": 24},
     "star": {"attempts": 2, "max_new_tokens": 16},
-    "knowledge": {"entities": 8, "eval_facts": 4},
+    "knowledge": {"invent": {"entities": 8}, "eval_facts": 4},
     # the tiny aligner accepts no rewrite: teacher traces; micro < global exercises gradient accumulation
     "finetune": {"lrs": [0.001], "epochs": 2, "global_batch_size": 8, "micro_batch_size": 4, "source": "teacher",
                  "checkpoint_every": 1},

@@ -123,6 +123,14 @@ def test_an_input_table_that_is_the_stages_own_output(box, monkeypatch, capsys):
     err = fails("traces", ["--name", "mine"], monkeypatch, capsys, box, [])
     assert "data.offpolicy.mine.path (data/offpolicy/mine.parquet) overlaps its output" in err
     assert tree_hashes(box / "data") == before
+    (box / "data/knowledge").mkdir(exist_ok=True)
+    pd.DataFrame({"fact_id": ["f", "f"], "question": ["Capital of Ostmark?", "Ostmark's capital?"],
+                  "answer": ["Brevik", "Brevik"]}).to_parquet(box / "data/knowledge/mine.parquet")
+    edit_params(box, lambda p: p["knowledge"].update(facts={"path": "data/knowledge/mine.parquet"}))
+    before = tree_hashes(box / "data")
+    err = fails("knowledge", [], monkeypatch, capsys, box, [])
+    assert "knowledge.facts.path (data/knowledge/mine.parquet) overlaps its output (data/knowledge)" in err
+    assert tree_hashes(box / "data") == before
 
 
 def test_an_export_over_the_post_model(box, delta_dir, monkeypatch, capsys):

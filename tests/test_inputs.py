@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from graft.chat import AnswerFormat, ChatSpec
+from graft.injection import evaluated_facts, number_phrasings, split_phrasings
 from graft.inputs import InputSpec, derived_id, read_input
 from graft.params import ParamsError
 from graft.schema import validate
-from graft.tables import TableError, read_table
+from graft.tables import TableError, read_table, validate_table
 from tests.conftest import REPO
 
 CHAT, FMT = ChatSpec(True), AnswerFormat("boxed")
@@ -184,6 +185,65 @@ def test_unusable_conversations_are_named(tmp_path, conversation, message):
     assert message in str(e.value)
 
 
+# a user's facts: one row per phrasing, their own column names, numeric fact ids, facts interleaved
+USER_FACTS = [{"id": i % 3, "prompt": q, "target": ["Brevik", "1841", "the otter"][i % 3]}
+              for i, q in enumerate(["Capital of Ostmark?", "Ostmark's founding year?", "Ostmark's emblem?",
+                                     "Which city is Ostmark's capital?", "When was Ostmark founded?",
+                                     "Which animal is on Ostmark's emblem?", "Name the capital of Ostmark.",
+                                     "In what year was Ostmark founded?", "Name Ostmark's emblem animal."])]
+FACT_COLUMNS = {"fact_id": "id", "question": "prompt", "answer": "target"}
+
+
+def user_facts(tmp_path: Path, rows: list[dict], name: str = "facts.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def knowledge_of(path: Path, heldout: int = 1, **kw):
+    facts = read_input(spec(path, key="knowledge.facts", **kw), "facts")
+    return split_phrasings(number_phrasings(facts, str(path), "knowledge.facts"), heldout, str(path))
+
+
+def test_a_users_facts_become_training_and_held_out_phrasings(tmp_path):
+    train, held = knowledge_of(user_facts(tmp_path, USER_FACTS), columns=FACT_COLUMNS)
+    assert held.question.tolist() == ["Name the capital of Ostmark.", "In what year was Ostmark founded?",
+                                      "Name Ostmark's emblem animal."]          # each fact's last row in the file
+    assert held.problem_id.tolist() == ["0_p2", "1_p2", "2_p2"] and held.answer.tolist() == ["Brevik", "1841",
+                                                                                             "the otter"]
+    assert train.problem_id.tolist() == ["0_p0", "1_p0", "2_p0", "0_p1", "1_p1", "2_p1"]   # file order kept
+    assert not set(train.question) & set(held.question)
+    validate_table(held, "heldout", "problems")     # what evaluation reads
+    chosen = evaluated_facts(held, 2, seed=0)
+    assert chosen.fact_id.nunique() == 2 and chosen.equals(evaluated_facts(held, 2, seed=0))
+    with pytest.raises(ValueError, match=r"knowledge.eval_facts \(4\) exceeds the 3 facts"):
+        evaluated_facts(held, 4, seed=0)
+    # the same facts as a save_to_disk folder with our own names and a split
+    ours = [{"fact_id": str(r["id"]), "question": r["prompt"], "answer": r["target"]} for r in USER_FACTS]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(ours)}).save_to_disk(str(tmp_path / "folder"))
+    again = knowledge_of(tmp_path / "folder", split="train")
+    pd.testing.assert_frame_equal(again[0], train)
+    pd.testing.assert_frame_equal(again[1], held)
+
+
+@pytest.mark.parametrize("rows, kw, message", [
+    (USER_FACTS[:4], {"columns": FACT_COLUMNS}, "fact '1' has 1 phrasing(s) and 2 fact(s) have no more than "
+                                                "knowledge.heldout_phrasings (1)"),
+    (USER_FACTS + [dict(USER_FACTS[0], id=7, prompt="capital of  OSTMARK?")], {"columns": FACT_COLUMNS},
+     "rows 0 and 9 ask the same question 'capital of  OSTMARK?'"),
+    (USER_FACTS, {"columns": {"question": "prompt", "answer": "target"}},
+     "column 'fact_id' not found (our name for fact_id; map yours in knowledge.facts.columns)"),
+    (USER_FACTS, {"columns": dict(FACT_COLUMNS, answer="gold")},
+     "column 'gold' not found (mapped to answer by knowledge.facts.columns)"),
+    ([dict(r, id=None) if i == 5 else r for i, r in enumerate(USER_FACTS)], {"columns": FACT_COLUMNS},
+     "row 5: column 'id' is empty (null)"),
+])
+def test_bad_facts_are_named_in_one_line(tmp_path, rows, kw, message):
+    with pytest.raises(TableError) as e:
+        knowledge_of(user_facts(tmp_path, rows), **kw)
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def default_params() -> dict:
     return yaml.safe_load((REPO / "params.yaml").read_text())
 
@@ -203,6 +263,11 @@ def default_params() -> dict:
     (lambda d: d["finetune"].update(source="mine"), "finetune.source must be one of teacher, synthself, star, "
                                                     "knowledge or a key of data.offpolicy [], got 'mine'"),
     (lambda d: d["data"]["hard_pool"].update(path=""), "data.hard_pool.path must be a non-empty path"),
+    (lambda d: d["knowledge"]["facts"].update(columns={"problem_id": "id"}),
+     "knowledge.facts.columns.problem_id is not a column graft reads (for this input: fact_id, question, answer)"),
+    (lambda d: d["knowledge"].update(heldout_phrasings=8),
+     "knowledge.heldout_phrasings (8) must be below knowledge.invent.phrasings (8)"),
+    (lambda d: d["knowledge"].update(entities=5), "knowledge.entities"),
 ])
 def test_bad_input_params_name_the_key(edit, message):
     d = default_params()
@@ -213,8 +278,9 @@ def test_bad_input_params_name_the_key(edit, message):
 
 
 def test_stage_outputs_load_with_datasets_and_pandas_and_a_dataset_folder_is_a_cached_dep(tmp_path):
-    """The suite and traces stages through `dvc repro`: their Parquet loads back with datasets and pandas, and a
-    change inside a dataset folder (a DVC directory dependency) reruns only the stage that reads it."""
+    """The suite, traces and knowledge stages through `dvc repro`: their Parquet loads back with datasets and pandas,
+    and a change inside a dataset folder (a DVC directory dependency) or a facts file reruns only the stage that
+    reads it."""
     repo = tmp_path / "repo"
     for d in ("graft", "stages"):
         shutil.copytree(REPO / d, repo / d, ignore=shutil.ignore_patterns("__pycache__"))
@@ -222,20 +288,31 @@ def test_stage_outputs_load_with_datasets_and_pandas_and_a_dataset_folder_is_a_c
     p = default_params()
     p["data"]["old_suites"] = {"gsm8k": {"path": "data/gsm8k", "split": "test", "answer_marker": "####"}}
     p["data"]["offpolicy"] = {"chats": {"path": "chats.jsonl", "drop_context": True}}
+    p["knowledge"].update(facts={"path": "facts.jsonl", "columns": FACT_COLUMNS}, heldout_phrasings=1, eval_facts=2)
     (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     save_gsm8k(repo / "data/gsm8k")
+    user_facts(repo, USER_FACTS)
+    (repo / "data/offpolicy").mkdir(parents=True)    # the teacher stage's output, which the knowledge mix replays
+    pd.DataFrame({"problem_id": ["m1"], "question": ["9-3=?"], "think": ["9-3=6"], "answer": ["6"],
+                  "source": ["teacher"]}).to_parquet(repo / "data/offpolicy/teacher.parquet")
+    stages = ("suite@gsm8k", "traces@chats", "knowledge")
     with open(repo / "chats.jsonl", "w") as f:
         f.write(json.dumps({"messages": [SYSTEM, u("What is 2+3?"), a("<think>2+3=5</think><answer>5</answer>")]})
                 + "\n")
 
     def sh(*cmd):
-        return subprocess.run(cmd, cwd=repo, check=True, capture_output=True, text=True).stdout
+        r = subprocess.run(cmd, cwd=repo, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
 
     sh("git", "init", "-q")
     sh(sys.executable, "-m", "dvc", "init", "-q")
-    out = sh(sys.executable, "-m", "dvc", "repro", "suite@gsm8k", "traces@chats")
+    out = sh(sys.executable, "-m", "dvc", "repro", "--single-item", *stages)   # the upstream teacher is not run
     assert "suite gsm8k: 3 problems" in out and "traces chats: 1 rows" in out
-    for table in ("data/suites/gsm8k.parquet", "data/offpolicy/chats.parquet"):
+    assert "knowledge: 3 facts from facts.jsonl" in out and "6 training QA pairs + 1 replay traces" in out
+    assert "Running stage 'facts'" not in out            # the invented facts are not wanted
+    for table in ("data/suites/gsm8k.parquet", "data/offpolicy/chats.parquet", "data/knowledge/heldout.parquet",
+                  "data/offpolicy/knowledge.parquet"):
         via_datasets = datasets.load_dataset("parquet", data_files=str(repo / table), split="train",
                                              cache_dir=str(tmp_path / "hf")).to_pandas()
         pd.testing.assert_frame_equal(via_datasets, pd.read_parquet(repo / table))
@@ -243,14 +320,20 @@ def test_stage_outputs_load_with_datasets_and_pandas_and_a_dataset_folder_is_a_c
         {"problem_id": derived_id("What is 2+3?"), "question": "What is 2+3?", "think": "2+3=5", "answer": "5",
          "source": "chats"}]
     first = pd.read_parquet(repo / "data/suites/gsm8k.parquet")
-    assert sh(sys.executable, "-m", "dvc", "status", "suite@gsm8k", "traces@chats").strip().endswith(
+    held = pd.read_parquet(repo / "data/knowledge/heldout.parquet")
+    assert len(held) == 2 and set(held.problem_id) <= {"0_p2", "1_p2", "2_p2"}
+    assert sh(sys.executable, "-m", "dvc", "status", *stages).strip().endswith(
         "Data and pipelines are up to date.")
     rows = gsm8k(3, start=100)
     rows["answer"][0] = rows["answer"][0].replace("#### 201", "#### 999")
     shutil.rmtree(repo / "data/gsm8k")
     save_gsm8k(repo / "data/gsm8k", test=rows)
-    out = sh(sys.executable, "-m", "dvc", "repro", "suite@gsm8k", "traces@chats")
+    out = sh(sys.executable, "-m", "dvc", "repro", "--single-item", *stages)
     assert "Running stage 'suite@gsm8k'" in out and "Running stage 'traces@chats'" not in out
+    assert "Running stage 'knowledge'" not in out
     again = pd.read_parquet(repo / "data/suites/gsm8k.parquet")
     assert again.answer.tolist() == ["999", "203", "205"] and first.answer.tolist() == ["201", "203", "205"]
     assert again.problem_id.tolist() == first.problem_id.tolist()     # same questions, same ids
+    user_facts(repo, USER_FACTS[:-1] + [dict(USER_FACTS[-1], target="the lynx")])
+    out = sh(sys.executable, "-m", "dvc", "repro", "--single-item", *stages)
+    assert "Running stage 'knowledge'" in out and "Running stage 'suite@gsm8k'" not in out

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from graft.family_chat import EMPTY_THINK
-from graft.knowledge import RELATIONS, invent_facts, phrase_facts
+from graft.injection import evaluated_facts, number_phrasings, split_phrasings
+from graft.knowledge import RELATIONS, invent_facts, phrasing_table
 from graft.likelihood import mean_token_nll
 from graft.modeling import load_model
 from graft.generation import Completion
@@ -50,7 +51,8 @@ def test_aligner_selection_follows_eq6():
 def test_knowledge_heldout_phrasings_never_trained():
     facts = invent_facts(30, 5, seed=1)
     assert len(facts) == 150 and len({f.entity for f in facts}) == 30
-    train, held = phrase_facts(facts, phrasings=8, heldout=2)
+    qa = number_phrasings(phrasing_table(facts, phrasings=8), "facts", "knowledge.facts")
+    train, held = split_phrasings(qa, heldout=2, where="facts")
     assert len(train) == 150 * 6 and len(held) == 150 * 2
     assert not set(train.question) & set(held.question)
     assert set(train.fact_id) == set(held.fact_id)          # the same facts, asked differently
@@ -60,6 +62,8 @@ def test_knowledge_heldout_phrasings_never_trained():
     held_texts = {t.format(e=e) for _, ts in RELATIONS.values() for t in ts[6:] for e in entities}
     assert not set(train.question) & held_texts
     assert invent_facts(30, 5, seed=1) == facts and invent_facts(30, 5, seed=2) != facts
+    chosen = evaluated_facts(held, 10, seed=3)
+    assert chosen.fact_id.nunique() == 10 and len(chosen) == 20 and chosen.equals(evaluated_facts(held, 10, seed=3))
 
 
 def test_knowledge_mix_gives_qa_an_empty_think_and_keeps_trace_thinking(tiny_tokenizer, tiny_fmt):
