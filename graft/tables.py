@@ -17,6 +17,9 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "facts": {"fact_id": "O", "question": "O", "answer": "O"},
 }
 
+# text that must say something: a blank gold answer is matched by an empty reply, a blank question asks nothing
+# (a think or solution block may be empty)
+NON_BLANK = ("problem_id", "question", "answer", "fact_id")
 # tables with one row per problem (a trace table may hold several traces of one problem)
 ID_UNIQUE = ("problems", "hard_pool")
 
@@ -60,6 +63,11 @@ def validate_table(df: pd.DataFrame, path: str | Path, schema: str) -> pd.DataFr
         if kind == "O":
             if not df[col].map(lambda v: isinstance(v, str)).all():
                 raise TableError(f"{path}: column {col!r} must hold strings")
+            if col in NON_BLANK:
+                blank = df[col].str.strip() == ""
+                if blank.any():
+                    raise TableError(f"{path}: row {int(blank.to_numpy().argmax())}: column {col!r} is blank "
+                                     f"({int(blank.sum())} row(s)); every row needs one")
         elif df[col].dtype.kind != kind:
             raise TableError(f"{path}: column {col!r} has dtype {df[col].dtype}, expected kind {kind!r}")
     if len(df) == 0:

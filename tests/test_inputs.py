@@ -111,12 +111,15 @@ def test_bad_files_and_cells_are_named(tmp_path):
     pd.DataFrame({"question": ["same", "same"], "answer": ["1", "2"]}).to_json(tmp_path / "dup.jsonl",
                                                                                orient="records", lines=True)
     pd.DataFrame({"question": ["a"], "answer": ["1"]}).to_json(tmp_path / "one.jsonl", orient="records", lines=True)
+    pd.DataFrame({"question": ["a", "b", "c"], "answer": ["1", " \n", ""]}).to_json(tmp_path / "blank.jsonl",
+                                                                                 orient="records", lines=True)
     cases = {"bad.jsonl": "not a readable JSON file (ArrowInvalid: JSON parse error",
              "t.txt": "unknown file type '.txt'",
              "plain_dir": "is a directory but not a datasets save_to_disk folder",
              "null.jsonl": "row 1: column 'question' is empty (null)",
              "bool.jsonl": "row 0: column 'answer' must hold text or numbers, got bool",
              "dup.jsonl": "rows 0 and 1 have the same question (problem ids are derived from the question",
+             "blank.jsonl": "row 1: column 'answer' is blank (2 row(s)); every row needs one",
              "missing.jsonl": "file not found (data.retention.path)"}
     for name, message in cases.items():
         with pytest.raises(TableError) as e:
