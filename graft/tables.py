@@ -64,7 +64,7 @@ def validate_table(df: pd.DataFrame, path: str | Path, schema: str) -> pd.DataFr
             if not df[col].map(lambda v: isinstance(v, str)).all():
                 raise TableError(f"{path}: column {col!r} must hold strings")
             if col in NON_BLANK:
-                blank = df[col].str.strip() == ""
+                blank = df[col].map(lambda v: not v.strip()).astype(bool)
                 if blank.any():
                     raise TableError(f"{path}: row {int(blank.to_numpy().argmax())}: column {col!r} is blank "
                                      f"({int(blank.sum())} row(s)); every row needs one")
