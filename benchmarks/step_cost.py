@@ -1,5 +1,5 @@
 """Per-step cost of the training methods, from the timing tables the finetune and opsd stages write
-(reports/timing/*.parquet, measurements kept out of DVC's hashes). Run after `dvc repro`:
+(.graft/timing/*.parquet, measurements kept out of DVC's hashes). Run after `dvc repro`:
 
     python benchmarks/step_cost.py
 
@@ -14,9 +14,9 @@ import pandas as pd
 
 
 def main() -> None:
-    files = sorted(Path("reports/timing").glob("*.parquet"))
+    files = sorted(Path(".graft/timing").glob("*.parquet"))
     if not files:
-        raise SystemExit("no reports/timing/*.parquet: run `dvc repro` first")
+        raise SystemExit("no .graft/timing/*.parquet: run `dvc repro` first")
     rows = []
     for f in files:
         t = pd.read_parquet(f)

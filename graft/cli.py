@@ -15,6 +15,10 @@ from graft.reaper import start_watcher
 # key, file, column or tensor. They are reported as one line; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, OSError)
 
+# Wall-time tables (seconds per step or per point) differ run to run, so they are not DVC outputs and live beside the
+# resume work directories, outside every stage's declared outputs (a stage writes nothing else outside them).
+TIMING = Path(".graft/timing")
+
 
 def run_stage(main: Callable[[], None]) -> None:
     name = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "stage"

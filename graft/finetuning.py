@@ -376,6 +376,12 @@ def train_to_snapshots(model: torch.nn.Module, tokenizer, objective: Objective, 
     return log
 
 
+def recipe_settings(p, from_donor: bool) -> dict:
+    """The finetune keys a run uses, for its resume key: all but the rate grid (the run's own rate is keyed apart),
+    and the donor path only when the run starts from the donor (the SFT and OPSD runs start from post)."""
+    return {k: p[k] for k in p if k != "lrs" and (from_donor or k != "donor")}
+
+
 def spec_from_params(p, lr: float) -> TrainSpec:
     """The finetune section of params.yaml as a TrainSpec; each process sees the same global batch."""
     autocast = None if p.autocast == "none" else getattr(torch, p.autocast)

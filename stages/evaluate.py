@@ -2,7 +2,7 @@
 
 python -m stages.evaluate
 -> reports/points/<name>.json (metrics and the point's key), reports/samples/<name>.parquet (one row per sample,
-   with its grade), reports/timing/evaluate.parquet (seconds per point: a measurement, not a DVC output)
+   with its grade), .graft/timing/evaluate.parquet (seconds per point: a measurement, not a DVC output)
 
 The engine loads the post model once; each point's weights (a model directory, or post + lam * delta) are written
 into it in place. Both outputs are persistent: a point whose key (weights by content, lam, evaluation params, data,
@@ -21,7 +21,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from graft.atomic import write_json, write_parquet
-from graft.cli import run_stage
+from graft.cli import TIMING, run_stage
 from graft.evaluation import evaluate_model, evaluation_suites
 from graft.generation import open_generator
 from graft.modeling import resolve_device
@@ -29,7 +29,7 @@ from graft.points import POINT_LOADER, Point, content_hash, point_key, sweep_poi
 from graft.schema import load_all
 from graft.tensors import check_compatible
 
-POINTS, SAMPLES, TIMING = Path("reports/points"), Path("reports/samples"), Path("reports/timing/evaluate.parquet")
+POINTS, SAMPLES, TIMES = Path("reports/points"), Path("reports/samples"), TIMING / "evaluate.parquet"
 
 
 def code_versions() -> dict[str, str]:
@@ -134,9 +134,9 @@ def main() -> None:
     finally:
         generator.close()
         if timing:  # wall times differ run to run: kept out of the cached outputs
-            old = pd.read_parquet(TIMING) if TIMING.exists() else pd.DataFrame(columns=["name"])
+            old = pd.read_parquet(TIMES) if TIMES.exists() else pd.DataFrame(columns=["name"])
             new = pd.DataFrame(timing)
-            write_parquet(TIMING, pd.concat([old[~old.name.isin(new.name)], new], ignore_index=True))
+            write_parquet(TIMES, pd.concat([old[~old.name.isin(new.name)], new], ignore_index=True))
     print(f"evaluate: engine start {engine_s:.1f}s once for {len(todo)} points")
 
 

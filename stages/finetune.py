@@ -3,7 +3,7 @@ rate of the grid, with a snapshot after every epoch.
 
 python -m stages.finetune --target donor|sft --lr L  ->  models/finetuned/<target>_lr<L>/epoch<e>/ (HF model dirs),
     reports/finetune/<target>_lr<L>.json (loss curve, DVC plot data),
-    reports/timing/finetune_<target>_lr<L>.parquet (per-step seconds; a measurement, not a DVC output)
+    .graft/timing/finetune_<target>_lr<L>.parquet (per-step seconds; a measurement, not a DVC output)
 The target chooses the model only; data, optimiser and schedule are the same for both (paper Appendix C). With
 finetune.num_processes > 1 the stage runs itself under torchrun with DDP. An interrupted run resumes from its last
 checkpoint in .graft/work/.
@@ -17,10 +17,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from graft.cli import run_stage
+from graft.cli import TIMING, run_stage
 from graft.atomic import write_json, write_parquet
-from graft.finetuning import (SupervisedObjective, init_distributed, relaunch_under_torchrun, spec_from_params,
-                              train_to_snapshots)
+from graft.finetuning import (SupervisedObjective, init_distributed, recipe_settings, relaunch_under_torchrun,
+                              spec_from_params, train_to_snapshots)
 from graft.chat import open_chat
 from graft.modeling import load_model, load_tokenizer
 from graft.offpolicy import check_no_leakage, heldout_tables
@@ -59,13 +59,13 @@ def main() -> None:
         spec_from_params(p, args.lr), out=Path(f"models/finetuned/{name}"),
         inputs=list(dict.fromkeys([src, models.post, data_path])),  # post: its tokenizer writes the targets
         settings={"stage": "finetune", "target": args.target, "lr": args.lr,
-                  "finetune": {k: v for k, v in p.items() if k != "lrs"},
+                  "finetune": recipe_settings(p, args.target == "donor"),
                   "chat": dict(chat), "answer": dict(answer)}, dist_info=info, desc=f"finetune {name}",
         live_dir=Path(f"reports/finetune/live/{name}"))
     if info.main:
         write_json(f"reports/finetune/{name}.json", log.curve)  # a list of records: what `dvc plots` reads
         method = "graft" if args.target == "donor" else "sft"
-        write_parquet(f"reports/timing/finetune_{name}.parquet", pd.DataFrame(log.timing).assign(method=method))
+        write_parquet(TIMING / f"finetune_{name}.parquet", pd.DataFrame(log.timing).assign(method=method))
         print(f"finetune {name}: {len(encoded)} examples, {len(log.curve)} steps, "
               f"final loss {log.curve[-1]['loss']:.4f}")
 

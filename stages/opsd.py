@@ -1,7 +1,7 @@
 """opsd: the on-policy self-distillation baseline, trained from the post model with the finetune recipe.
 
 python -m stages.opsd --alpha A --lr L  ->  models/opsd/alpha<A>_lr<L>/epoch<e>/ (HF model dirs),
-    reports/opsd/alpha<A>_lr<L>.json (loss curve), reports/timing/opsd_alpha<A>_lr<L>.parquet (per-step seconds
+    reports/opsd/alpha<A>_lr<L>.json (loss curve), .graft/timing/opsd_alpha<A>_lr<L>.parquet (per-step seconds
     split into sampling and update; a measurement, not a DVC output)
 Each step: the student samples one response per problem, a frozen demonstration-conditioned copy of the post model
 scores it, and the student follows D_alpha on the teacher's top-k tokens (graft/opsd.py).
@@ -16,9 +16,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from graft.cli import run_stage
+from graft.cli import TIMING, run_stage
 from graft.atomic import write_json, write_parquet
-from graft.finetuning import init_distributed, relaunch_under_torchrun, spec_from_params, train_to_snapshots
+from graft.finetuning import (init_distributed, recipe_settings, relaunch_under_torchrun, spec_from_params,
+                              train_to_snapshots)
 from graft.chat import open_chat
 from graft.modeling import load_model, load_tokenizer
 from graft.offpolicy import check_no_leakage, heldout_tables
@@ -56,14 +57,14 @@ def main() -> None:
         model, tokenizer, objective, len(examples), spec_from_params(p, args.lr), out=Path(f"models/opsd/{name}"),
         inputs=[models.post, data_path],
         settings={"stage": "opsd", "alpha": args.alpha, "lr": args.lr,
-                  "finetune": {k: v for k, v in p.items() if k != "lrs"},
+                  "finetune": recipe_settings(p, False),
                   "opsd": {k: v for k, v in o.items() if k != "alphas"},
                   "top_p": gen.top_p, "chat": dict(chat), "answer": dict(answer)}, dist_info=info, desc=f"opsd {name}",
         live_dir=Path(f"reports/opsd/live/{name}"))
     if info.main:
         write_json(f"reports/opsd/{name}.json", log.curve)
         timing = pd.DataFrame(log.timing).assign(method="opsd")
-        write_parquet(f"reports/timing/opsd_{name}.parquet", timing)
+        write_parquet(TIMING / f"opsd_{name}.parquet", timing)
         share = timing.sample_s.sum() / (timing.sample_s.sum() + timing.update_s.sum())
         print(f"opsd {name}: {len(examples)} problems, {len(log.curve)} steps, final loss {log.curve[-1]['loss']:.4f}, "
               f"sampling {share:.0%} of step time")

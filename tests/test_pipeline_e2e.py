@@ -1,12 +1,14 @@
 """The whole DAG through `dvc repro` on a small params profile, in a temporary copy of the repo."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import torch
 import yaml
 
 from tests.conftest import REPO
+from tests.declared_io import AUDIT, undeclared
 from tests.small_params import small_params
 
 pytestmark = pytest.mark.slow
@@ -23,11 +26,22 @@ COPY = ["graft", "stages", "dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"
 
 
 def run(cmd: list[str], cwd: Path) -> str:
+    """Run a command in the test repository. Every `dvc repro` and `dvc exp run` runs its stages under the file and
+    params audit (tests/declared_io.py): a stage that reads or writes anything it does not declare fails the test."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(cwd))
+    audited = cmd[0] == "dvc" and cmd[1] in ("repro", "exp") and cmd[2:3] != ["show"]
+    if audited:
+        log_dir = Path(tempfile.mkdtemp(prefix="audit-", dir=cwd.parent))
+        env.update(FILE_AUDIT_DIR=str(log_dir), PYTHONPATH=f"{AUDIT}{os.pathsep}{cwd}")
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if r.returncode:
         raise AssertionError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
-    return r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    if audited:
+        bad = undeclared(cwd, log_dir, ran_stages(out))
+        shutil.rmtree(log_dir)
+        assert not bad, f"{' '.join(cmd)}: stages touched what they do not declare: {json.dumps(bad, indent=1)}"
+    return out
 
 
 def ran_stages(log: str) -> set[str]:
@@ -97,13 +111,13 @@ def test_full_dag_runs_and_writes_the_report(repo):
     assert {"problem_id", "sample", "text", "answer", "correct"} <= set(samples.columns)
     counts = pd.read_parquet(repo / "data/mined/counts.parquet")
     assert {"problem_id", "successes", "kept", "split"} <= set(counts.columns)
-    timing = pd.read_parquet(repo / "reports/timing/opsd_alpha0.5_lr0.001.parquet")
+    timing = pd.read_parquet(repo / ".graft/timing/opsd_alpha0.5_lr0.001.parquet")
     curve = json.loads((repo / "reports/opsd/alpha0.5_lr0.001.json").read_text())
     assert (timing.sample_s > 0).all() and len(timing) == len(curve) and curve[-1]["epoch"] == 2
     assert not (repo / ".graft/work").exists() or not any((repo / ".graft/work").iterdir())  # work dirs cleaned
     assert {"donor", "mask", "rho", "lam", "old:add/pass@1", "old:reverse/pass@1", "new/pass@2"} <= set(points.columns)
     assert set(points[points.method.str.startswith("graft")].donor) == {"models/world/base"}
-    ev = pd.read_parquet(repo / "reports/timing/evaluate.parquet")
+    ev = pd.read_parquet(repo / ".graft/timing/evaluate.parquet")
     assert set(ev.name) == set(points.name) and (ev.generated_tokens > 0).all()
     live = pd.read_csv(repo / "reports/finetune/live/donor_lr0.001/plots/metrics/train/loss.tsv", sep="\t")
     donor_curve = json.loads((repo / "reports/finetune/donor_lr0.001.json").read_text())
@@ -160,6 +174,24 @@ def test_new_epoch_uses_the_existing_snapshots(repo):
     run(["git", "commit", "-qm", "sweep"], repo)
 
 
+def test_dvc_remote_round_trip_runs_nothing_in_a_fresh_clone(repo, tmp_path):
+    """What a team does: push the results to a DVC remote (a local directory here), clone the Git repository
+    elsewhere, pull, and find every stage up to date: the outputs carry no paths or timestamps of the machine that
+    made them."""
+    run(["dvc", "remote", "add", "-d", "store", str(tmp_path / "remote")], repo)
+    run(["git", "add", "-A"], repo)
+    run(["git", "commit", "-qm", "remote"], repo)
+    run(["dvc", "push", "-q"], repo)
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(repo), str(clone)], tmp_path)
+    weights = clone / "models/finetuned/donor_lr0.001/epoch2/model.safetensors"
+    assert not weights.exists()   # Git holds the pipeline, not the results
+    run(["dvc", "pull", "-q"], clone)
+    assert weights.is_file()
+    assert ran_stages(run(["dvc", "repro"], clone)) == set()
+    assert "changed" not in run(["dvc", "status"], clone)
+
+
 def test_new_learning_rate_finetunes_only_that_rate(repo):
     set_param(repo, "finetune", "lrs", [0.001, 0.003])
     ran = ran_stages(run(["dvc", "repro", "finetune_donor", "finetune_sft", "opsd"], repo))
@@ -187,15 +219,29 @@ def test_knowledge_source_trains_on_facts_and_scores_held_out_phrasings(repo):
     run(["dvc", "checkout", "--force"], repo)           # outputs back to what dvc.lock records
 
 
-def test_dvc_exp_run_and_show(repo):
-    run(["dvc", "exp", "run", "-S", "sweep.lams=[0.5]", "-S", "sweep.rhos=[0.1]", "-n", "one-lam"], repo)
-    csv = run(["dvc", "exp", "show", "--csv"], repo)
-    header = csv.splitlines()[0]
-    for col in ("post.new_task", "post.old_task", "graft_lam0.5_lr0.001_ep2.new_task",
-                "graft_kfac_lam0.5_rho0.1_lr0.001_ep2.old_task", "sft_merge_lam0.5_lr0.001_ep2.old_task",
+def test_a_queued_grid_runs_on_two_workers(repo):
+    """`dvc exp run --queue` twice and `dvc queue start -j 2`: both experiments run (each only the stages its
+    params change) and both appear in `dvc exp show` with every method's metrics."""
+    for lam, name in ((0.25, "q-quarter"), (0.75, "q-three-quarters")):
+        run(["dvc", "exp", "run", "--queue", "-S", f"sweep.lams=[{lam}]", "-S", "sweep.rhos=[0.1]", "-n", name], repo)
+    run(["dvc", "queue", "start", "-j", "2"], repo)
+    end = time.monotonic() + 1200   # the workers run in the background; the bound only ends a failing test
+    while True:
+        status = run(["dvc", "queue", "status"], repo)
+        if not re.search(r"\b(Queued|Running)\b", status) or time.monotonic() > end:
+            break
+        time.sleep(2)
+    assert status.count("Success") >= 2, status
+    shown = pd.read_csv(io.StringIO(run(["dvc", "exp", "show", "--csv"], repo)))
+    for col in ("post.new_task", "post.old_task", "graft_lam0.25_lr0.001_ep2.new_task",
+                "graft_kfac_lam0.75_rho0.1_lr0.001_ep2.old_task", "sft_merge_lam0.25_lr0.001_ep2.old_task",
                 "opsd_alpha0.5_lr0.001_ep2.new_task"):
-        assert col in header, header
-    assert "one-lam" in csv
+        assert col in shown.columns, list(shown.columns)
+    for lam, name in ((0.25, "q-quarter"), (0.75, "q-three-quarters")):
+        row = shown[shown.Experiment == name]
+        assert len(row) == 1, shown.Experiment.tolist()
+        value = pd.to_numeric(row[f"graft_lam{lam}_lr0.001_ep2.new_task"], errors="coerce").iloc[0]
+        assert 0.0 <= value <= 1.0, (name, value)
 
 
 # ---------------------------------------------------------------- faults and determinism, stage by stage
@@ -309,7 +355,7 @@ def keep_outs(repo: Path, stage: str, to: Path) -> None:
 
 @pytest.mark.parametrize("stage", FAULT_STAGES)
 def test_stage_is_deterministic_and_survives_sigkill(repo, stage, tmp_path):
-    if stage == FAULT_STAGES[0]:   # the experiment above left its results applied: start from a clean repro
+    if stage == FAULT_STAGES[0]:   # the tests above changed params and outputs: start from a clean repro
         run(["dvc", "repro"], repo)
         run(["git", "add", "-A"], repo)
         run(["git", "commit", "-qm", "before faults", "--allow-empty"], repo)
