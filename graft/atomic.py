@@ -7,9 +7,10 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-import pandas as pd
+if TYPE_CHECKING:   # pandas only for the annotation: the GPU check runs where pandas is not installed
+    import pandas as pd
 
 
 @contextmanager

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import time
@@ -29,6 +28,7 @@ from safetensors.torch import load_file, load_model as load_weights, save_file, 
 from tqdm import tqdm
 
 from graft.atomic import atomic_dir
+from graft.distributed import DistInfo
 from graft.training import IGNORE, OptimConfig, collate, make_optimizer
 
 
@@ -57,17 +57,6 @@ class Objective(Protocol):
 
     def loss_sum(self, model: torch.nn.Module, indices: Sequence[int], step: int) -> tuple[torch.Tensor, float]:
         """Summed (not averaged) loss of these examples, and the seconds spent sampling for it."""
-
-
-@dataclass(frozen=True)
-class DistInfo:
-    rank: int = 0
-    world: int = 1
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
 
 
 def epoch_plan(n_examples: int, global_batch: int, epochs: int, seed: int) -> list[list[list[int]]]:
@@ -295,38 +284,6 @@ def assemble_snapshots(workdir: Path, epochs: int, out: Path) -> None:
                 raise FileNotFoundError(f"{src}: snapshot of epoch {e} is missing")
             shutil.copytree(src, tmp / f"epoch{e}")
     shutil.rmtree(workdir, ignore_errors=True)
-
-
-def init_distributed(device_name: str = "auto") -> DistInfo:
-    """Join the process group torchrun set up (gloo on CPU, nccl on GPU); a plain run is one process.
-    ``device_name``: params.yaml ``compute.device``; each process takes the CUDA device of its local rank."""
-    from graft.modeling import resolve_device
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = resolve_device(device_name)
-    if device.type == "cuda":
-        device = torch.device("cuda", local)
-    if world == 1:
-        return DistInfo(0, 1, device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return DistInfo(dist.get_rank(), dist.get_world_size(), device)
-
-
-def relaunch_under_torchrun(num_processes: int, module: str, argv: Sequence[str]) -> bool:
-    """When params ask for several processes and this is not yet a torchrun worker, run the same stage under
-    torchrun (the launcher that ships with torch) and report True; the caller then has nothing left to do."""
-    if num_processes == 1 or "LOCAL_RANK" in os.environ:
-        return False
-    import subprocess
-    import sys
-
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc_per_node={num_processes}", "-m", module, *argv], check=True)
-    return True
 
 
 @contextmanager

@@ -3,14 +3,35 @@
 F_j = (1/N) sum_n (d/d theta_j  (1/T_n) sum_t log p(y_t | z_n, y_<t))^2, where y_n is sampled from the post model
 itself on old-task prompt z_n. Per-sample gradients come from ``torch.func.vmap`` over a chunk of rollouts (one
 backward per chunk, not per token or per sample); squares accumulate in fp32.
+
+Across processes (torchrun): each process takes its share of the rollouts (``rank_share``) and passes a ``reduce``
+that sums a tensor over processes in place (``torch.distributed.all_reduce``); the sums and the counts are reduced
+once, at the end, so every process holds the whole estimate.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
 from torch.func import functional_call, grad, vmap
 from tqdm import tqdm
+
+Reduce = Callable[[torch.Tensor], None]   # in-place sum over processes
+T = TypeVar("T")
+
+
+def rank_share(items: Sequence[T], rank: int, world: int) -> list[T]:
+    """This process's items: every world-th one from its rank on (shares differ in size by at most one)."""
+    return list(items[rank::world])
+
+
+def reduced_count(n: int, reduce: Reduce | None, device: torch.device | str = "cpu") -> int:
+    """``n`` summed over processes (itself without ``reduce``)."""
+    if reduce is None:
+        return n
+    t = torch.tensor(float(n), dtype=torch.float64, device=device)
+    reduce(t)
+    return int(round(t.item()))
 
 
 def rollout_batch(rollouts: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int
@@ -36,15 +57,16 @@ def _mean_loglik(model: torch.nn.Module, params: dict[str, torch.Tensor], ids: t
 
 
 def estimate_diag_fisher(model: torch.nn.Module, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]],
-                         pad_id: int, chunk: int = 8) -> dict[str, torch.Tensor]:
+                         pad_id: int, chunk: int = 8, reduce: Reduce | None = None) -> dict[str, torch.Tensor]:
     """Diagonal Fisher keyed by parameter name, fp32, averaged over rollouts (prompt ids, response ids). Computed on
     the model's device, returned on the CPU. Tied parameters (lm_head = embed_tokens) appear once, under the name
-    the checkpoint stores."""
-    if not rollouts:
-        raise ValueError("estimate_diag_fisher: no rollouts")
-    model.eval()
+    the checkpoint stores. With ``reduce``, ``rollouts`` is this process's share and the mean is over all shares."""
     params = {k: v.detach() for k, v in model.named_parameters()}
     dev = next(iter(params.values())).device
+    n = reduced_count(len(rollouts), reduce, dev)
+    if not n:
+        raise ValueError("estimate_diag_fisher: no rollouts")
+    model.eval()
     fisher = {k: torch.zeros(v.shape, dtype=torch.float32, device=dev) for k, v in params.items()}
     per_sample = vmap(grad(lambda p, x, w: _mean_loglik(model, p, x, w)), in_dims=(None, 0, 0))
     for start in tqdm(range(0, len(rollouts), chunk), desc="fisher", mininterval=2.0):
@@ -52,7 +74,10 @@ def estimate_diag_fisher(model: torch.nn.Module, rollouts: Sequence[tuple[Sequen
         grads = per_sample(params, ids.to(dev), w.to(dev))
         for k, g in grads.items():
             fisher[k] += g.float().pow(2).sum(0)
-    return {k: (v / len(rollouts)).cpu() for k, v in fisher.items()}
+    if reduce is not None:
+        for v in fisher.values():
+            reduce(v)
+    return {k: (v / n).cpu() for k, v in fisher.items()}
 
 
 def naive_diag_fisher(model: torch.nn.Module, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]],

@@ -9,12 +9,16 @@ direction u_i v_j^T is s_ij = sigma_i d_j (u_i^T dW v_j)^2, and the masked updat
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import torch
 from tqdm import tqdm
 
-from graft.fisher import rollout_batch
+from graft.fisher import Reduce, reduced_count, rollout_batch
+from graft.tensors import write_safetensors_streamed
+
+KFAC_PARTS = ("P", "P_eigvals", "P_eigvecs", "Q", "Q_eigvals", "Q_eigvecs")   # per layer, in file (name) order
 
 
 def kfac_linear_names(model: torch.nn.Module) -> list[str]:
@@ -27,16 +31,19 @@ def kfac_linear_names(model: torch.nn.Module) -> list[str]:
 
 
 def estimate_kfac_factors(model: torch.nn.Module, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]],
-                          pad_id: int, chunk: int = 8) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """{linear layer name: (Q, P)} in fp32, from the model's own rollouts (prompt ids, response ids)."""
-    if not rollouts:
+                          pad_id: int, chunk: int = 8, reduce: Reduce | None = None,
+                          layers: Sequence[str] | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{linear layer name: (Q, P)} in fp32, from the model's own rollouts (prompt ids, response ids), for ``layers``
+    (default: every ``kfac_linear_names`` layer; a subset bounds the memory to those layers' factors). With
+    ``reduce``, ``rollouts`` is this process's share and the means are over all shares."""
+    dev = next(model.parameters()).device
+    if not reduced_count(len(rollouts), reduce, dev):
         raise ValueError("estimate_kfac_factors: no rollouts")
-    names = kfac_linear_names(model)
+    names = list(layers) if layers is not None else kfac_linear_names(model)
     mods = dict(model.named_modules())
     for n in names:
         if mods[n].bias is not None:
             raise ValueError(f"layer {n} has a bias; KFAC here covers bias-free linear layers only")
-    dev = next(model.parameters()).device
     Q = {n: torch.zeros(mods[n].in_features, mods[n].in_features, device=dev) for n in names}
     P = {n: torch.zeros(mods[n].out_features, mods[n].out_features, device=dev) for n in names}
     acts: dict[str, torch.Tensor] = {}
@@ -80,7 +87,13 @@ def estimate_kfac_factors(model: torch.nn.Module, rollouts: Sequence[tuple[Seque
         for h in handles:
             h.remove()
         model.zero_grad(set_to_none=True)
-    return {n: ((Q[n] / positions).cpu(), (P[n] / len(rollouts)).cpu()) for n in names}
+    count = len(rollouts)
+    if reduce is not None:
+        for n in names:
+            reduce(Q[n])
+            reduce(P[n])
+        positions, count = reduced_count(positions, reduce, dev), reduced_count(count, reduce, dev)
+    return {n: ((Q[n] / positions).cpu(), (P[n] / count).cpu()) for n in names}
 
 
 def eigh_factor(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,3 +116,45 @@ def kfac_project(dW: torch.Tensor, U: torch.Tensor, V: torch.Tensor, drop: torch
     rot = U.T @ dW.float() @ V
     return U @ rot.masked_fill(drop, 0.0) @ V.T
 
+
+def write_kfac(model: torch.nn.Module, layers: Sequence[str], rollouts: Sequence[tuple[Sequence[int], Sequence[int]]],
+               pad_id: int, chunk: int, reduce: Reduce | None, per_pass: int, path: str | Path | None) -> None:
+    """Every layer's KFAC factors P, Q and their eigendecompositions (``eigh_factor``), ``per_pass`` layers per pass
+    over the rollouts (0: all in one pass), streamed into one safetensors file at ``path`` in name order: the same
+    bytes as writing them all at once, with only one group's factors in memory. Under several processes every
+    process runs the passes (each all-reduces); only the one given a ``path`` writes."""
+    per_pass = per_pass or len(layers)
+    mods = dict(model.named_modules())
+    shapes = {}
+    for layer in layers:
+        n_out, n_in = mods[layer].out_features, mods[layer].in_features
+        shapes.update({f"{layer}.weight.P": [n_out, n_out], f"{layer}.weight.P_eigvals": [n_out],
+                       f"{layer}.weight.P_eigvecs": [n_out, n_out], f"{layer}.weight.Q": [n_in, n_in],
+                       f"{layer}.weight.Q_eigvals": [n_in], f"{layer}.weight.Q_eigvecs": [n_in, n_in]})
+    order = sorted(shapes)
+    layer_of = {f"{layer}.weight.{part}": layer for layer in layers for part in KFAC_PARTS}
+    # passes follow the file order, so each group is estimated once and dropped before the next
+    sequence = list(dict.fromkeys(layer_of[n] for n in order))
+    groups = [sequence[i: i + per_pass] for i in range(0, len(sequence), per_pass)]
+    group_of = {layer: g for g, members in enumerate(groups) for layer in members}
+    current: dict = {"group": None, "tensors": {}}
+
+    def produce(name: str):
+        g = group_of[layer_of[name]]
+        if current["group"] != g:
+            if current["group"] is not None and g < current["group"]:
+                raise RuntimeError(f"kfac: {name} asked for after its group was dropped")
+            current["tensors"].clear()
+            for layer, (Q, P) in estimate_kfac_factors(model, rollouts, pad_id, chunk, reduce, groups[g]).items():
+                w = f"{layer}.weight"
+                current["tensors"][f"{w}.P_eigvals"], current["tensors"][f"{w}.P_eigvecs"] = eigh_factor(P)
+                current["tensors"][f"{w}.Q_eigvals"], current["tensors"][f"{w}.Q_eigvecs"] = eigh_factor(Q)
+                current["tensors"][f"{w}.P"], current["tensors"][f"{w}.Q"] = P, Q
+            current["group"] = g
+        return current["tensors"].pop(name)
+
+    if path is None:
+        for name in order:
+            produce(name)
+        return
+    write_safetensors_streamed(path, [(n, torch.float32, shapes[n]) for n in order], produce)

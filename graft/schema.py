@@ -145,6 +145,8 @@ SCHEMA: dict[str, dict] = {
         "temperature": POS_NUM,
         "seed": SEED,
         "chunk": POS_INT,
+        "num_processes": POS_INT,
+        "kfac_layers_per_pass": NONNEG_INT,
     },
     "mask": {"random_seed": SEED},
     "fisher_merge": {"floor": Field(NUM, positive, "> 0")},

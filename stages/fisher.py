@@ -4,19 +4,27 @@ python -m stages.fisher --which retention  ->  the post model on old-task retent
     KFAC factors with their eigendecompositions (tensors/fisher/retention/{diagonal,kfac}.safetensors)
 python -m stages.fisher --which new --lr L --epoch E  ->  the SFT snapshot on the mined training prompts: diagonal
     Fisher, for the Fisher-merging baseline (tensors/fisher/new_lr<L>_ep<E>/diagonal.safetensors)
+With fisher.num_processes > 1 the stage runs itself under torchrun: the first process samples the rollouts and
+shares them, each process takes its share (graft.fisher.rank_share), and the sums are all-reduced once. KFAC
+factors are estimated fisher.kfac_layers_per_pass layers at a time (0: all in one pass) and streamed to the file,
+so memory holds one group's factors, not the model's.
 """
 from __future__ import annotations
 
 import argparse
+import sys
+
+import torch.distributed as dist
 
 from graft.cli import run_stage
 from graft.atomic import atomic_file, write_json
 from graft.chat import open_chat
-from graft.fisher import estimate_diag_fisher
+from graft.distributed import broadcast_token_lists, init_distributed, relaunch_under_torchrun
+from graft.fisher import estimate_diag_fisher, rank_share
 from graft.generation import SamplingSpec, open_generator, table_labels
 from graft.inputs import InputSpec, read_input
-from graft.kfac import eigh_factor, estimate_kfac_factors
-from graft.modeling import load_model, resolve_device
+from graft.kfac import kfac_linear_names, write_kfac
+from graft.modeling import load_model
 from graft.schema import load_all
 from graft.sweep import require, run_tag
 from graft.tables import read_table
@@ -33,7 +41,10 @@ def main() -> None:
     allp = load_all()
     p, gen, chat, answer, models, data = (allp[k] for k in ("fisher", "generation", "chat", "answer", "models",
                                                              "data"))
-    device = resolve_device(allp["compute"].device)
+    if relaunch_under_torchrun(p.num_processes, "stages.fisher", sys.argv[1:]):
+        return
+    info = init_distributed(allp["compute"].device)
+    device = info.device
     if which == "retention":
         model_dir = models.post
         prompts_table = read_input(InputSpec.from_params(data.retention, "data.retention"), "problems")
@@ -51,32 +62,44 @@ def main() -> None:
     # the model's own samples, prompted exactly as the evaluation prompts it
     fmt = open_chat(model_dir, chat, answer, models.trust_remote_code)
     prompts = [fmt.prompt_ids(q) for q in questions]
-    generator = open_generator(model_dir, gen, fmt, models.trust_remote_code, device=device)
-    outs = generator.generate(prompts, SamplingSpec(n=1, temperature=p.temperature, top_p=gen.top_p,
-                                                    max_new_tokens=p.max_new_tokens, seed=p.seed),
-                              labels=table_labels(f"fisher {which} prompts", [prompts_table["problem_id"][i]
-                                                                             for i in rows]))
-    generator.close()
-    rollouts = [(pr, list(o[0].token_ids)) for pr, o in zip(prompts, outs) if o[0].token_ids]
+    rollouts = None
+    if info.main:   # one process samples, so the rollouts are those of a one-process run
+        generator = open_generator(model_dir, gen, fmt, models.trust_remote_code, device=device)
+        outs = generator.generate(prompts, SamplingSpec(n=1, temperature=p.temperature, top_p=gen.top_p,
+                                                        max_new_tokens=p.max_new_tokens, seed=p.seed),
+                                  labels=table_labels(f"fisher {which} prompts", [prompts_table["problem_id"][i]
+                                                                                 for i in rows]))
+        generator.close()
+        rollouts = [(pr, list(o[0].token_ids)) for pr, o in zip(prompts, outs) if o[0].token_ids]
+    reduce = None
+    if info.world > 1:
+        prompts_of = broadcast_token_lists([pr for pr, _ in rollouts] if info.main else None, info)
+        responses = broadcast_token_lists([r for _, r in rollouts] if info.main else None, info)
+        rollouts = list(zip(prompts_of, responses))
+        reduce = dist.all_reduce
+    mine = rank_share(rollouts, info.rank, info.world)
     model = load_model(model_dir, "float32", models.trust_remote_code, device)
-    fisher = estimate_diag_fisher(model, rollouts, fmt.pad_id, p.chunk)
-    with atomic_file(f"tensors/fisher/{which}/diagonal.safetensors") as tmp:
-        save_tensors(tmp, fisher)
+    fisher = estimate_diag_fisher(model, mine, fmt.pad_id, p.chunk, reduce)
+    if info.main:
+        with atomic_file(f"tensors/fisher/{which}/diagonal.safetensors") as tmp:
+            save_tensors(tmp, fisher)
     summary = {"rollouts": len(rollouts), "diagonal_trace": sum(float(v.sum()) for v in fisher.values()),
                "mean_response_tokens": sum(len(r) for _, r in rollouts) / len(rollouts)}
+    del fisher
     if which == "retention":
-        factors = estimate_kfac_factors(model, rollouts, fmt.pad_id, p.chunk)
-        out = {}
-        for layer, (Q, P) in factors.items():
-            name = f"{layer}.weight"
-            out[f"{name}.P_eigvals"], out[f"{name}.P_eigvecs"] = eigh_factor(P)
-            out[f"{name}.Q_eigvals"], out[f"{name}.Q_eigvecs"] = eigh_factor(Q)
-            out[f"{name}.P"], out[f"{name}.Q"] = P, Q
-        with atomic_file("tensors/fisher/retention/kfac.safetensors") as tmp:
-            save_tensors(tmp, out)
-        summary["kfac_layers"] = len(factors)
-    write_json(f"reports/fisher/{which}.json", summary)
-    print(f"fisher {which}: {summary}")
+        layers = kfac_linear_names(model)
+        summary["kfac_layers"] = len(layers)
+        path = "tensors/fisher/retention/kfac.safetensors"
+        if info.main:
+            with atomic_file(path) as tmp:
+                write_kfac(model, layers, mine, fmt.pad_id, p.chunk, reduce, p.kfac_layers_per_pass, tmp)
+        else:   # the other processes take part in every pass's all-reduce and write nothing
+            write_kfac(model, layers, mine, fmt.pad_id, p.chunk, reduce, p.kfac_layers_per_pass, None)
+    if info.main:
+        write_json(f"reports/fisher/{which}.json", summary)
+        print(f"fisher {which}: {summary}")
+    if info.world > 1:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ import torch
 
 from graft.cli import TIMING, run_stage
 from graft.atomic import write_json, write_parquet
-from graft.finetuning import (init_distributed, recipe_settings, relaunch_under_torchrun, spec_from_params,
-                              train_to_snapshots)
+from graft.distributed import init_distributed, relaunch_under_torchrun
+from graft.finetuning import recipe_settings, spec_from_params, train_to_snapshots
 from graft.chat import open_chat
 from graft.modeling import load_model, load_tokenizer
 from graft.offpolicy import check_no_leakage, heldout_tables

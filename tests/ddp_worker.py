@@ -9,7 +9,8 @@ import sys
 import torch
 from safetensors.torch import save_file
 
-from graft.finetuning import SupervisedObjective, TrainSpec, init_distributed, train
+from graft.distributed import init_distributed
+from graft.finetuning import SupervisedObjective, TrainSpec, train
 from graft.modeling import load_model, load_tokenizer
 from graft.training import SFTExample, encode_sft
 from tests.conftest import family_format

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from graft.finetuning import (DistInfo, SupervisedObjective, TrainSpec, epoch_plan, rank_micro_batches, token_loss_sum,
+from graft.distributed import DistInfo
+from graft.finetuning import (SupervisedObjective, TrainSpec, epoch_plan, rank_micro_batches, token_loss_sum,
                               train)
 from graft.modeling import load_model
 from graft.opsd import OPSDExample, OPSDObjective, generalized_jsd, topk_divergence
