@@ -45,6 +45,7 @@ class TrainSpec:
     seed: int
     autocast: torch.dtype | None = None   # compute dtype on GPU (weights and optimiser stay in their own dtype)
     checkpoint_every: int = 0             # optimiser steps between resume checkpoints; epoch ends always checkpoint
+    sharding: str = "ddp"                 # several processes: ddp (each holds the model) | fsdp (FSDP2 shards)
 
     def optim(self) -> OptimConfig:
         return OptimConfig(lr=self.lr, betas=self.betas, weight_decay=self.weight_decay,
@@ -131,6 +132,86 @@ class TrainLog:
     resumed_from: int          # optimiser steps restored from a checkpoint (0: a fresh run)
 
 
+def shard_model(model: torch.nn.Module) -> None:
+    """FSDP2 (``fully_shard``) in place: each transformer block its own unit, the rest (embeddings, final norm,
+    lm_head, tied or not) the root's. Parameters, gradients and optimiser states are split over the processes."""
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = [layer for name, mod in model.named_modules()
+              if name.endswith("layers") and isinstance(mod, torch.nn.ModuleList) for layer in mod]
+    if not blocks:
+        raise ValueError("finetune.parallel fsdp: the model has no `layers` list of blocks to shard")
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+
+
+def full_state(model: torch.nn.Module, opt: torch.optim.Optimizer | None = None) -> tuple[dict, dict | None]:
+    """The whole model's (and optimiser's) state from a sharded model, on the CPU of every process (every process
+    must call it: it gathers). Keys are the model's own parameter names."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False)
+    weights = get_model_state_dict(model, options=options)
+    return weights, (get_optimizer_state_dict(model, opt, options=options) if opt is not None else None)
+
+
+def _unique(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tied tensors (lm_head = embed_tokens) once, under their first name, as safetensors needs."""
+    seen, out = set(), {}
+    for k, v in weights.items():
+        if v.data_ptr() not in seen:
+            seen.add(v.data_ptr())
+            out[k] = v.contiguous()
+    return out
+
+
+def _save_sharded_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, sched, step: int,
+                        log: TrainLog, main: bool) -> None:
+    """The FSDP checkpoint: the gathered full weights and AdamW moments (keyed by parameter name), same files as
+    the DDP checkpoint otherwise. Every process gathers; the first writes."""
+    weights, optim = full_state(model, opt)
+    if not main:
+        return
+    tensors = {f"opt.{name}.{key}": val.detach().contiguous().cpu()
+               for name, st in optim["state"].items() for key, val in st.items()}
+    meta = {"step": step, "sched": sched.state_dict(), "curve": log.curve, "timing": log.timing,
+            "opt": {"params": sorted(optim["state"]), "param_groups": optim["param_groups"]}, "sharding": "fsdp"}
+    with atomic_dir(path) as tmp:
+        save_file(_unique(weights), str(tmp / "model.safetensors"))
+        save_file(tensors, str(tmp / "state.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(meta))
+
+
+def _load_sharded_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, sched) -> tuple[int, dict]:
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    tensors = load_file(str(path / "state.safetensors"))
+    meta = json.loads((path / "state.json").read_text())
+    options = StateDictOptions(full_state_dict=True)
+    weights = load_file(str(path / "model.safetensors"))
+    # a tied tensor was stored once: every name of the model's state gets it back
+    own = full_state(model)[0]
+    by_ptr = {}
+    for k, v in own.items():
+        by_ptr.setdefault(v.data_ptr(), []).append(k)
+    for names in by_ptr.values():
+        stored = next(n for n in names if n in weights)
+        for n in names:
+            weights[n] = weights[stored]
+    set_model_state_dict(model, weights, options=options)
+    state = {}
+    for name in meta["opt"]["params"]:
+        prefix = f"opt.{name}."
+        state[name] = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    set_optimizer_state_dict(model, opt, {"state": state, "param_groups": meta["opt"]["param_groups"]},
+                             options=options)
+    sched.load_state_dict(meta["sched"])
+    return meta["step"], meta
+
+
 def _save_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, sched, step: int,
                 log: TrainLog) -> None:
     """Weights, AdamW moments and step counters as safetensors + JSON (never a pickle), written atomically. The
@@ -162,10 +243,11 @@ def _load_state(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, 
 
 
 def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: TrainSpec, *,
-          on_epoch_end: Callable[[int, torch.nn.Module], None], workdir: Path | None = None,
+          on_epoch_end: Callable[[int, torch.nn.Module, dict | None], None], workdir: Path | None = None,
           dist_info: DistInfo = DistInfo(), desc: str = "finetune",
           stop_after: int | None = None, on_step: Callable[[dict], None] | None = None) -> TrainLog:
-    """Train ``model`` in place for ``spec.epochs`` epochs, calling ``on_epoch_end(epoch, model)`` after each.
+    """Train ``model`` in place for ``spec.epochs`` epochs, calling ``on_epoch_end(epoch, model, weights)`` after
+    each on the main process (``weights``: the gathered full state of a sharded model, None otherwise).
 
     ``workdir`` holds the resume checkpoint: a run that finds one there continues from it. ``stop_after`` ends the
     run after that many optimiser steps (tests use it to interrupt a run the way a kill would). ``on_step`` gets each
@@ -174,16 +256,21 @@ def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: T
     total = sum(len(e) for e in plan)
     torch.manual_seed(spec.seed)
     model.train()
+    if spec.sharding not in ("ddp", "fsdp"):
+        raise ValueError(f"sharding must be ddp or fsdp, got {spec.sharding!r}")
+    fsdp = dist_info.world > 1 and spec.sharding == "fsdp"
+    if fsdp:   # before the optimiser: it must hold the sharded parameters
+        shard_model(model)
     opt, sched = make_optimizer(model, spec.optim(), total)
     ddp = model
-    if dist_info.world > 1:
+    if dist_info.world > 1 and not fsdp:
         ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[dist_info.device.index] if dist_info.device.type == "cuda" else None)
     log = TrainLog(curve=[], timing=[], resumed_from=0)
     start = 0
     state_dir = workdir / "state" if workdir is not None else None
     if state_dir is not None and (state_dir / "state.json").exists():
-        start, meta = _load_state(state_dir, model, opt, sched)
+        start, meta = (_load_sharded_state if fsdp else _load_state)(state_dir, model, opt, sched)
         log = TrainLog(curve=meta["curve"], timing=meta["timing"], resumed_from=start)
     if on_step is not None and dist_info.main:
         for rec in log.curve:
@@ -207,11 +294,12 @@ def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: T
             for j, chunk in enumerate(micro):
                 # an empty chunk still runs (on the batch's first example, weighted 0) to keep DDP in step
                 weight = 1.0 if chunk else 0.0
-                sync = ddp.no_sync() if (dist_info.world > 1 and j < len(micro) - 1) else nullcontext()
+                # DDP syncs only the last micro-batch; FSDP reduce-scatters each (no accumulation without sync here)
+                sync = ddp.no_sync() if (dist_info.world > 1 and not fsdp and j < len(micro) - 1) else nullcontext()
                 with sync, torch.autocast(dist_info.device.type, dtype=spec.autocast,
                                           enabled=spec.autocast is not None):
                     loss_sum, s = objective.loss_sum(ddp, chunk or [batch[0]], step)
-                    # DDP averages gradients over processes: scale by world so the result is the global sum / norm
+                    # DDP and FSDP average gradients over processes: scale by world so the result is the global sum / norm
                     loss = loss_sum * (weight * dist_info.world / norm)
                 sample_s += s
                 if not torch.isfinite(loss_sum):
@@ -234,11 +322,14 @@ def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: T
             epoch_done = i == len(batches) - 1
             if epoch_done:
                 model.eval()
+                weights = full_state(model)[0] if fsdp else None   # every process gathers
                 if dist_info.main:
-                    on_epoch_end(epoch, model)
+                    on_epoch_end(epoch, model, weights)
                 model.train()
             if state_dir is not None and (epoch_done or (spec.checkpoint_every and step % spec.checkpoint_every == 0)):
-                if dist_info.main:
+                if fsdp:
+                    _save_sharded_state(state_dir, model, opt, sched, step, log, dist_info.main)
+                elif dist_info.main:
                     _save_state(state_dir, model, opt, sched, step, log)
                 if dist_info.world > 1:
                     dist.barrier()
@@ -317,9 +408,9 @@ def train_to_snapshots(model: torch.nn.Module, tokenizer, objective: Objective, 
     key = fingerprint(inputs, {**settings, "world": dist_info.world, "code": code_fingerprint()})
     workdir = work_root / f"{out.name}-{key}"
 
-    def save_epoch(epoch: int, m: torch.nn.Module) -> None:
+    def save_epoch(epoch: int, m: torch.nn.Module, weights: dict | None) -> None:
         with atomic_dir(workdir / f"epoch{epoch}") as tmp:
-            save_snapshot(m, tokenizer, tmp)
+            save_snapshot(m, tokenizer, tmp, weights)
 
     with live_curve(live_dir if dist_info.main else None) as on_step:
         log = train(model, objective, n_examples, spec, on_epoch_end=save_epoch, workdir=workdir,
@@ -344,4 +435,5 @@ def spec_from_params(p, lr: float) -> TrainSpec:
     autocast = None if p.autocast == "none" else getattr(torch, p.autocast)
     return TrainSpec(lr=lr, epochs=p.epochs, global_batch=p.global_batch_size, micro_batch=p.micro_batch_size,
                      warmup_ratio=p.warmup_ratio, weight_decay=p.weight_decay, betas=tuple(p.betas),
-                     grad_clip=p.grad_clip, seed=p.seed, autocast=autocast, checkpoint_every=p.checkpoint_every)
+                     grad_clip=p.grad_clip, seed=p.seed, autocast=autocast, checkpoint_every=p.checkpoint_every,
+                     sharding=p.parallel)

@@ -9,10 +9,9 @@ them.
 from __future__ import annotations
 
 import importlib
-import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import torch
 from tqdm import tqdm
@@ -71,10 +70,13 @@ class HFGenerator:
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer, stop_ids: Sequence[int], pad_id: int,
-                   batch_size: int = 64) -> "HFGenerator":
-        """Sample from a model held in memory (OPSD samples from the model it is training)."""
+                   batch_size: int = 64, all_stopped: Callable[[bool], bool] | None = None) -> "HFGenerator":
+        """Sample from a model held in memory (OPSD samples from the model it is training). ``all_stopped`` turns
+        this process's "every row has stopped" into every process's: an FSDP-sharded model gathers its weights
+        in each forward, so all processes must run the same number of them."""
         self = cls.__new__(cls)
         self._attach(model, tokenizer, stop_ids, pad_id, batch_size, None)
+        self.all_stopped = all_stopped
         return self
 
     def _attach(self, model: torch.nn.Module, tokenizer, stop_ids: Sequence[int], pad_id: int, batch_size: int,
@@ -87,6 +89,7 @@ class HFGenerator:
         self.stop_ids = tuple(int(i) for i in stop_ids)
         self.pad_id = int(pad_id)
         self.max_model_len = max_model_len
+        self.all_stopped: Callable[[bool], bool] | None = None
 
     @torch.no_grad()
     def generate_rows(self, rows: list[tuple[list[int], torch.Generator]], spec: SamplingSpec) -> list[list[int]]:
@@ -120,7 +123,10 @@ class HFGenerator:
                 if not done[i]:
                     result[i].append(int(tok[i]))
             done |= torch.isin(tok, stops)
-            if bool(done.all()):
+            stopped = bool(done.all())
+            if self.all_stopped is not None:
+                stopped = self.all_stopped(stopped)
+            if stopped:
                 break
             mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long, device=dev)], dim=1)
             out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],

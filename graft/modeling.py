@@ -95,10 +95,14 @@ def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, o
     tokenizer.save_pretrained(out)
 
 
-def save_snapshot(model: torch.nn.Module, tokenizer, out: Path) -> None:
+def save_snapshot(model: torch.nn.Module, tokenizer, out: Path, weights: dict | None = None) -> None:
     """Write a trained model as a complete HF directory into ``out`` (caller makes it atomic). Config, generation
-    config (stop and pad ids) and tokenizer are the starting model's own, never rewritten."""
-    model.save_pretrained(out, safe_serialization=True)
+    config (stop and pad ids) and tokenizer are the starting model's own, never rewritten. ``weights``: the full
+    state of a sharded (FSDP) model, gathered by the caller."""
+    if weights is None:
+        model.save_pretrained(out, safe_serialization=True)
+    else:
+        model.save_pretrained(out, safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(out)
 
 

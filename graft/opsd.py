@@ -48,6 +48,22 @@ def topk_divergence(teacher_logits: torch.Tensor, student_logits: torch.Tensor, 
     return generalized_jsd(t, s, alpha)
 
 
+def _stopped_everywhere(model: torch.nn.Module):
+    """For an FSDP-sharded student, "all rows stopped" over every process (each forward gathers weights, so the
+    processes must run the same number); None otherwise (nothing to agree on)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        return None
+    import torch.distributed as dist
+
+    def agree(stopped: bool) -> bool:
+        flag = torch.tensor(1.0 if stopped else 0.0, device=next(model.parameters()).device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item() == 1.0)
+    return agree
+
+
 def demonstration_question(question: str, think: str, answer: str) -> str:
     """The teacher's user turn: the problem and the off-policy demonstration it may draw on."""
     shown = f"{think}\nFinal answer: {answer}" if think else f"Final answer: {answer}"
@@ -88,7 +104,7 @@ class OPSDObjective:
         """One response per example from the current student; the seed depends on (step, example) only, so the
         samples do not depend on how a batch is split over micro-batches or processes."""
         gen = HFGenerator.from_model(model, self.tokenizer, self.fmt.stop_ids, self.fmt.pad_id,
-                                     batch_size=len(indices))
+                                     batch_size=len(indices), all_stopped=_stopped_everywhere(model))
         spec = SamplingSpec(n=1, temperature=self.temperature, top_p=self.top_p,
                             max_new_tokens=self.max_new_tokens, seed=0)
         rows = [(self.student_prompts[i],

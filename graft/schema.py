@@ -127,7 +127,8 @@ SCHEMA: dict[str, dict] = {
         "grad_clip": POS_NUM,
         "dtype": DTYPE,                         # weights, optimiser and snapshots (keep float32: deltas are small)
         "autocast": Field(STR, lambda s: s in ("none", "bfloat16", "float16"), "one of none, bfloat16, float16"),
-        "num_processes": POS_INT,               # > 1: torchrun + DDP (gloo on CPU, nccl on GPU)
+        "num_processes": POS_INT,               # > 1: torchrun + DDP or FSDP (gloo on CPU, nccl on GPU)
+        "parallel": Field(STR, lambda s: s in ("ddp", "fsdp"), "one of ddp, fsdp"),
         "checkpoint_every": NONNEG_INT,         # optimiser steps between resume checkpoints (0: epoch ends only)
         "seed": SEED,
     },

@@ -110,7 +110,7 @@ def finetune(model, cfg: dict, device: torch.device) -> tuple[float, int]:
                      weight_decay=0.0, betas=(0.9, 0.95), grad_clip=1.0, seed=0,
                      autocast=torch.bfloat16 if device.type == "cuda" else None, checkpoint_every=0)
     seconds, _ = timed(device, lambda: train(model, SupervisedObjective(encoded, 0), n, spec,
-                                             on_epoch_end=lambda e, m: None, dist_info=DistInfo(0, 1, device)))
+                                             on_epoch_end=lambda e, m, w: None, dist_info=DistInfo(0, 1, device)))
     model.eval()
     return seconds, n * cfg["tokens"]
 

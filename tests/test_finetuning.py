@@ -121,7 +121,7 @@ def _fit(model_dir, tok, spec, **kw):
     encoded = [encode_sft(family_format(tok), ex, 128) for ex in EXAMPLES]
     snaps = {}
     log = train(model, SupervisedObjective(encoded, tok.pad_token_id), len(encoded), spec,
-                on_epoch_end=lambda e, m: snaps.__setitem__(e, {k: v.clone() for k, v in m.state_dict().items()}),
+                on_epoch_end=lambda e, m, w: snaps.__setitem__(e, {k: v.clone() for k, v in m.state_dict().items()}),
                 **kw)
     return model, snaps, log
 
@@ -166,6 +166,38 @@ def test_two_gloo_processes_match_one_process(tiny_model_dir, tmp_path):
         # stated tolerance: 1e-5 absolute (fp32 reduction order differs: micro-batches, all-reduce)
         assert torch.allclose(one[k], two[k], rtol=0, atol=1e-5), k
     assert any(not torch.equal(one[k], base[k]) for k in one)   # it trained
+
+
+def _worker(args: list[str], processes: int = 1) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    worker = str(REPO / "tests" / "ddp_worker.py")
+    launch = [sys.executable] if processes == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                      f"--nproc_per_node={processes}"]
+    r = subprocess.run(launch + [worker, *args], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_fsdp_processes_match_one_process_and_resume_bitwise(tiny_model_dir, tmp_path):
+    """FSDP2 (finetune.parallel: fsdp) over two gloo processes: the final weights and every epoch snapshot (gathered
+    full state) match one process within 1e-5; a run stopped after 2 steps and resumed from its sharded checkpoint
+    is bitwise the uninterrupted two-process run."""
+    model = str(tiny_model_dir)
+    _worker([model, str(tmp_path / "one.safetensors"), "4"])
+    _worker([model, str(tmp_path / "fsdp.safetensors"), "1", "fsdp"], processes=2)
+    for name in ("", ".epoch1.safetensors", ".epoch2.safetensors"):   # final weights, then the snapshots
+        a, b = (load_file(str(tmp_path / f"{run}.safetensors{name}")) for run in ("one", "fsdp"))
+        assert a.keys() == b.keys(), name
+        for k in a:
+            assert torch.allclose(a[k], b[k], rtol=0, atol=1e-5), (name, k)
+    base = load_model(tiny_model_dir).state_dict()
+    assert any(not torch.equal(load_file(str(tmp_path / "fsdp.safetensors"))[k], base[k]) for k in base)
+    work = tmp_path / "work"
+    _worker([model, str(tmp_path / "stopped.safetensors"), "1", "fsdp", str(work), "2"], processes=2)
+    assert (work / "state" / "state.json").exists()
+    _worker([model, str(tmp_path / "resumed.safetensors"), "1", "fsdp", str(work)], processes=2)
+    whole, resumed = load_file(str(tmp_path / "fsdp.safetensors")), load_file(str(tmp_path / "resumed.safetensors"))
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
 
 
 def test_opsd_objective_is_independent_of_the_micro_batch_split(tiny_model_dir, tiny_tokenizer):
