@@ -149,25 +149,6 @@ def test_resume_after_interruption_is_bitwise_the_uninterrupted_run(tiny_model_d
         assert torch.equal(ref_snaps[2][k], snaps[2][k])
 
 
-@pytest.mark.slow
-def test_two_gloo_processes_match_one_process(tiny_model_dir, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    worker = str(REPO / "tests" / "ddp_worker.py")
-    subprocess.run([sys.executable, worker, str(tiny_model_dir), str(tmp_path / "one.safetensors"), "4"],
-                   check=True, env=env, capture_output=True)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", worker,
-                        str(tiny_model_dir), str(tmp_path / "two.safetensors"), "1"],
-                       env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    one, two = load_file(str(tmp_path / "one.safetensors")), load_file(str(tmp_path / "two.safetensors"))
-    assert one.keys() == two.keys()
-    base = load_model(tiny_model_dir).state_dict()
-    for k in one:
-        # stated tolerance: 1e-5 absolute (fp32 reduction order differs: micro-batches, all-reduce)
-        assert torch.allclose(one[k], two[k], rtol=0, atol=1e-5), k
-    assert any(not torch.equal(one[k], base[k]) for k in one)   # it trained
-
-
 def _worker(args: list[str], processes: int = 1) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     worker = str(REPO / "tests" / "ddp_worker.py")
@@ -177,16 +158,36 @@ def _worker(args: list[str], processes: int = 1) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+@pytest.fixture(scope="module")
+def one_process_run(tiny_model_dir, tmp_path_factory):
+    """The reference: one process, micro-batch 4 (final weights and epoch snapshots)."""
+    out = tmp_path_factory.mktemp("one_process") / "one.safetensors"
+    _worker([str(tiny_model_dir), str(out), "4"])
+    return out
+
+
 @pytest.mark.slow
-def test_two_fsdp_processes_match_one_process_and_resume_bitwise(tiny_model_dir, tmp_path):
+def test_two_gloo_processes_match_one_process(tiny_model_dir, one_process_run, tmp_path):
+    _worker([str(tiny_model_dir), str(tmp_path / "two.safetensors"), "1"], processes=2)
+    one, two = load_file(str(one_process_run)), load_file(str(tmp_path / "two.safetensors"))
+    assert one.keys() == two.keys()
+    base = load_model(tiny_model_dir).state_dict()
+    for k in one:
+        # stated tolerance: 1e-5 absolute (fp32 reduction order differs: micro-batches, all-reduce)
+        assert torch.allclose(one[k], two[k], rtol=0, atol=1e-5), k
+    assert any(not torch.equal(one[k], base[k]) for k in one)   # it trained
+
+
+@pytest.mark.slow
+def test_two_fsdp_processes_match_one_process_and_resume_bitwise(tiny_model_dir, one_process_run, tmp_path):
     """FSDP2 (finetune.parallel: fsdp) over two gloo processes: the final weights and every epoch snapshot (gathered
     full state) match one process within 1e-5; a run stopped after 2 steps and resumed from its sharded checkpoint
     is bitwise the uninterrupted two-process run."""
     model = str(tiny_model_dir)
-    _worker([model, str(tmp_path / "one.safetensors"), "4"])
     _worker([model, str(tmp_path / "fsdp.safetensors"), "1", "fsdp"], processes=2)
     for name in ("", ".epoch1.safetensors", ".epoch2.safetensors"):   # final weights, then the snapshots
-        a, b = (load_file(str(tmp_path / f"{run}.safetensors{name}")) for run in ("one", "fsdp"))
+        a = load_file(f"{one_process_run}{name}")
+        b = load_file(str(tmp_path / f"fsdp.safetensors{name}"))
         assert a.keys() == b.keys(), name
         for k in a:
             assert torch.allclose(a[k], b[k], rtol=0, atol=1e-5), (name, k)
