@@ -66,3 +66,18 @@ def tiny_tied_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     save_model_dir(model, tiny_tokenizer, out)
     return out
+
+
+def run_worker(script: str, args: list[str], processes: int = 1) -> None:
+    """Run a tests/ worker script alone, or under torchrun with ``processes`` gloo processes (one thread each, so
+    two processes share the two cores without oversubscribing them)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    launch = [sys.executable] if processes == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                      f"--nproc_per_node={processes}"]
+    r = subprocess.run(launch + [str(REPO / "tests" / script), *args], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+

@@ -54,8 +54,8 @@ def undeclared(repo: Path, log_dir: Path, ran: set[str]) -> dict[str, list[str]]
                 continue
             seen.add(stage)
             if e["kind"] == "param":
-                declared = st_params = list(lock[stage].get("params", {}).get("params.yaml", {}))
-                allowed = st_params + sorted(loops.get(stage.split("@")[0], ()))
+                declared = list(lock[stage].get("params", {}).get("params.yaml", {}))
+                allowed = declared + sorted(loops.get(stage.split("@")[0], ()))
                 if not any(_under(e["path"].replace(".", "/"), d.replace(".", "/")) for d in allowed):
                     bad[stage].add(f"reads params.yaml {e['path']} (declared: {', '.join(declared)})")
                 continue

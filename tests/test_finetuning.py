@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,8 +14,7 @@ from graft.finetuning import (SupervisedObjective, TrainSpec, epoch_plan, rank_m
 from graft.modeling import load_model
 from graft.opsd import OPSDExample, OPSDObjective, generalized_jsd, topk_divergence
 from graft.training import IGNORE, SFTExample, encode_sft
-from tests.conftest import family_format
-from tests.conftest import REPO
+from tests.conftest import family_format, run_worker
 from tests.ddp_worker import EXAMPLES
 
 
@@ -150,12 +146,7 @@ def test_resume_after_interruption_is_bitwise_the_uninterrupted_run(tiny_model_d
 
 
 def _worker(args: list[str], processes: int = 1) -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    worker = str(REPO / "tests" / "ddp_worker.py")
-    launch = [sys.executable] if processes == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                      f"--nproc_per_node={processes}"]
-    r = subprocess.run(launch + [worker, *args], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_worker("ddp_worker.py", args, processes)
 
 
 @pytest.fixture(scope="module")

@@ -3,25 +3,15 @@ give the one-process Fisher and KFAC factors within float tolerance; KFAC estima
 same bytes as all layers at once."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import REPO
-
-WORKER = str(REPO / "tests" / "fisher_worker.py")
-
+from tests.conftest import run_worker
 
 def _run(args: list[str], processes: int = 1) -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    launch = [sys.executable] if processes == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                      f"--nproc_per_node={processes}"]
-    r = subprocess.run(launch + [WORKER, *args], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_worker("fisher_worker.py", args, processes)
 
 
 @pytest.fixture(scope="module")
