@@ -37,13 +37,13 @@ def main() -> None:
 
     def snapshot(epoch: int, m: torch.nn.Module, weights: dict | None) -> None:
         state = weights if weights is not None else m.state_dict()
-        save_file({k: v.detach().contiguous() for k, v in state.items()}, f"{out}.epoch{epoch}.safetensors")
+        save_file({k: v.detach().clone() for k, v in state.items()}, f"{out}.epoch{epoch}.safetensors")
 
     train(model, SupervisedObjective(encoded, tok.pad_token_id), len(encoded), spec, on_epoch_end=snapshot,
           dist_info=info, workdir=workdir, stop_after=stop_after)
     final = full_state(model)[0] if sharding == "fsdp" and info.world > 1 else model.state_dict()
     if info.main:
-        save_file({k: v.contiguous() for k, v in final.items()}, out)
+        save_file({k: v.detach().clone() for k, v in final.items()}, out)   # clones: tied tensors saved apart
     if info.world > 1:
         torch.distributed.destroy_process_group()
 
