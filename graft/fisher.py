@@ -94,3 +94,27 @@ def naive_diag_fisher(model: torch.nn.Module, rollouts: Sequence[tuple[Sequence[
         for k, prm in zip(names, model.parameters()):
             fisher[k] += prm.grad.float().pow(2)
     return {k: v / len(rollouts) for k, v in fisher.items()}
+
+
+def directional_fisher(model: torch.nn.Module, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
+                       direction: dict[str, torch.Tensor], chunk: int = 8) -> float:
+    """D^T F D for the full (not diagonal, not KFAC) empirical Fisher of ``estimate_diag_fisher``:
+    (1/N) sum_n (g_n . D)^2 with g_n the gradient of rollout n's mean log-likelihood, from the same per-sample
+    gradients (fp64 dot products). The quantity the diagonal and KFAC forms approximate, exactly, along one D."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    missing = sorted(set(params) - set(direction))
+    if missing:
+        raise KeyError(f"directional_fisher: no direction for parameter {missing[0]}")
+    if not rollouts:
+        raise ValueError("directional_fisher: no rollouts")
+    dev = next(iter(params.values())).device
+    d = {k: direction[k].to(dev, torch.float64) for k in params}
+    model.eval()
+    per_sample = vmap(grad(lambda p, x, w: _mean_loglik(model, p, x, w)), in_dims=(None, 0, 0))
+    total = 0.0
+    for start in range(0, len(rollouts), chunk):
+        ids, w = rollout_batch(rollouts[start: start + chunk], pad_id)
+        grads = per_sample(params, ids.to(dev), w.to(dev))
+        dots = sum((g.double().reshape(g.shape[0], -1) @ d[k].reshape(-1)) for k, g in grads.items())
+        total += float(dots.pow(2).sum())
+    return total / len(rollouts)

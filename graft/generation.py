@@ -161,19 +161,11 @@ class HFGenerator:
         runs on this generator, exactly as on each vLLM worker (it calls ``reload_weights``)."""
         getattr(_extension(self.worker_extension), "graft_load_point")(self, str(model), delta and str(delta), lam)
 
-    @torch.no_grad()
     def reload_weights(self, weights_iterator: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Overwrite every parameter in place (same architecture as the loaded model); vLLM workers' signature."""
-        params = dict(self.model.named_parameters())
-        seen = set()
-        for name, t in weights_iterator:
-            if name not in params:
-                raise KeyError(f"tensor {name} is not a parameter of the loaded model")
-            params[name].copy_(t.to(params[name].device, params[name].dtype))
-            seen.add(params[name].data_ptr())
-        missing = [n for n, q in params.items() if q.data_ptr() not in seen]  # tied weights share storage
-        if missing:
-            raise KeyError(f"no tensor for parameter {missing[0]}")
+        from graft.inplace import overwrite_parameters
+
+        overwrite_parameters(self.model, weights_iterator)
 
     def close(self) -> None:
         self.model = None

@@ -71,6 +71,40 @@ def sweep_points(p: Mapping) -> list[Point]:
     return pts
 
 
+def sweep_deltas(p: Mapping) -> list[dict]:
+    """Every delta a swept point adds to the post model, with the unmasked delta it was cut from (``source``):
+    family graft (the graft delta), graft_<kind> (each mask at each rho), sft_merge (the SFT delta)."""
+    sweep, ft = p["sweep"], p["finetune"]
+    out = []
+    for lr in ft.lrs:
+        for ep in sweep.epochs:
+            r = run_tag(lr, ep)
+            graft = f"tensors/delta/graft_{r}"
+            out.append({"family": "graft", "delta": graft, "source": graft, "lr": lr, "epoch": ep, "mask": "none",
+                        "rho": None})
+            out += [{"family": f"graft_{kind}", "delta": f"tensors/masked/{kind}_rho{rho}_{r}", "source": graft,
+                     "lr": lr, "epoch": ep, "mask": kind, "rho": rho} for kind in sweep.masks for rho in sweep.rhos]
+            sft = f"tensors/delta/sft_{r}"
+            out.append({"family": "sft_merge", "delta": sft, "source": sft, "lr": lr, "epoch": ep, "mask": None,
+                        "rho": None})
+    return out
+
+
+PROPOSED_PREFIX = "proposed_"   # method of a point the propose stage chose: proposed_<family>
+
+
+def proposed_points(p: Mapping, table) -> list[Point]:
+    """The propose stage's chosen points (``table``: its candidates, a DataFrame), named by family and snapshot."""
+    post, donor = p["models"].post, p["finetune"].donor
+    pts = []
+    for r in table[table.chosen].itertuples():
+        graft = r.family.startswith("graft")
+        pts.append(Point(f"{PROPOSED_PREFIX}{r.family}_{run_tag(r.lr, int(r.epoch))}", f"{PROPOSED_PREFIX}{r.family}",
+                         post, r.delta, float(r.lam), None if r.rho is None or r.rho != r.rho else float(r.rho),
+                         r.mask if graft else None, float(r.lr), int(r.epoch), donor=donor if graft else None))
+    return pts
+
+
 def find_point(points: Iterable[Point], name: str) -> Point:
     by_name = {pt.name: pt for pt in points}
     if name not in by_name:
@@ -118,9 +152,20 @@ def content_hash(path: str | Path, memo: dict[str, str] | None = None) -> str:
 def point_key(pt: Point, settings_key: str, memo: dict[str, str]) -> str:
     """What a point's scores depend on: its weights (by content), its coefficient, and the evaluation settings
     (params, data, code and engine versions, folded into ``settings_key``). Equal keys mean equal results."""
-    weights = {"model": content_hash(pt.model, memo), "delta": content_hash(pt.delta, memo) if pt.delta else None,
-               "lam": pt.lam if pt.delta else None}
-    blob = json.dumps({"weights": weights, "point": pt.as_dict(), "settings": settings_key}, sort_keys=True)
+    blob = json.dumps({"weights": point_weights(pt, memo), "point": pt.as_dict(), "settings": settings_key},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def point_weights(pt: Point, memo: dict[str, str]) -> dict:
+    """A point's weights by content: the model's and the delta's hashes, and the coefficient."""
+    return {"model": content_hash(pt.model, memo), "delta": content_hash(pt.delta, memo) if pt.delta else None,
+            "lam": pt.lam if pt.delta else None}
+
+
+def kl_key(pt: Point, kl_settings_key: str, memo: dict[str, str]) -> str:
+    """What a point's measured retention KL depends on: its weights and the KL settings (rollouts, code, device)."""
+    blob = json.dumps({"weights": point_weights(pt, memo), "settings": kl_settings_key}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -165,6 +165,15 @@ SCHEMA: dict[str, dict] = {
                                            item=Field(NUM, lambda x: 0 <= x < 1, "in [0, 1)"))},
     # name -> {delta, lam}: models.post + lam * delta written out as models/exported/<name>
     "export": {"points": Field(dict, item={"delta": Field(STR), "lam": Field(NUM, positive, "> 0")})},
+    # points proposed from the predicted retention KL alone (graft.kl_prediction), evaluated beside the sweep
+    "propose": {
+        "kl_budget": POS_NUM,                   # mean per-token KL (nats) from the post model a proposed point spends
+        # measured (lam bisected on the KL on the Fisher's rollouts: forward passes, no engine) | kfac | diagonal |
+        # directional (a Fisher form of predict_kl: closed form)
+        "predictor": Field(STR, lambda s: s in ("measured", "kfac", "diagonal", "directional"),
+                           "one of measured, kfac, diagonal, directional"),
+        "max_lam": POS_NUM,                     # the proposal never extrapolates past this lambda
+    },
     "evaluate": {
         "n_samples": POS_INT,
         "temperature": POS_NUM,

@@ -1,13 +1,19 @@
 """evaluate: score every sweep point on the new task and every old-task suite, with one engine for the whole sweep.
 
 python -m stages.evaluate
--> reports/points/<name>.json (metrics and the point's key), reports/samples/<name>.parquet (one row per sample,
-   with its grade), .graft/timing/evaluate.parquet (seconds per point: a measurement, not a DVC output)
+-> reports/points/<name>.json (metrics, the measured retention KL and the point's keys), reports/samples/<name>.parquet
+   (one row per sample, with its grade), .graft/timing/evaluate.parquet (seconds per point: a measurement, not a DVC
+   output)
 
 The engine loads the post model once; each point's weights (a model directory, or post + lam * delta) are written
 into it in place. Both outputs are persistent: a point whose key (weights by content, lam, evaluation params, data,
 code and library versions) matches the one recorded in its JSON keeps its results, so adding a lambda evaluates only
 the new points. Points no longer in params.yaml are removed, so the folders always hold exactly the current sweep.
+The points the propose stage chose (reports/kl/proposed.parquet) are evaluated beside the sweep.
+
+After the engine is closed, each point's retention KL from the post model is measured on the fisher stage's
+rollouts (graft.retention_kl), under a key of its own (weights, rollouts, code): a new Fisher sample re-measures the
+KL of every point without sampling any of them again.
 """
 from __future__ import annotations
 
@@ -24,8 +30,13 @@ from graft.atomic import write_json, write_parquet
 from graft.cli import TIMING, run_stage
 from graft.evaluation import evaluate_model, evaluation_suites
 from graft.generation import open_generator
+from graft.chat import open_chat
+from graft.kl_prediction import PROPOSED
 from graft.modeling import resolve_device
-from graft.points import POINT_LOADER, Point, content_hash, point_key, sweep_points
+from graft.points import (POINT_LOADER, Point, content_hash, kl_key, point_key, point_tensors, proposed_points,
+                          sweep_points)
+from graft.retention_kl import ROLLOUTS, RetentionKL, rollouts_from_table
+from graft.tables import read_parquet
 from graft.schema import load_all
 from graft.tensors import check_compatible
 
@@ -50,17 +61,21 @@ def code_versions() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+def recorded(pt: Point) -> dict:
+    """The point's JSON as the last run wrote it ({} when missing or unreadable)."""
+    path = POINTS / f"{pt.name}.json"
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except json.JSONDecodeError:
+        return {}
+
+
 def is_current(pt: Point, key: str) -> bool:
     """The recorded key matches, and the samples on disk are the ones that JSON was written with (a workspace can
     hold a JSON and a samples table restored from different revisions)."""
-    path, samples = POINTS / f"{pt.name}.json", SAMPLES / f"{pt.name}.parquet"
-    if not path.exists() or not samples.exists():
-        return False
-    try:
-        rec = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return False
-    return rec.get("key") == key and rec.get("samples_sha256") == content_hash(samples)
+    samples = SAMPLES / f"{pt.name}.parquet"
+    rec = recorded(pt)
+    return samples.exists() and rec.get("key") == key and rec.get("samples_sha256") == content_hash(samples)
 
 
 def remove_stale(names: set[str]) -> list[str]:
@@ -87,7 +102,7 @@ def main() -> None:
                          "problem; lower it or raise n_samples")
     new_task, suites, paths = evaluation_suites(allp)
 
-    points = sweep_points(allp)
+    points = sweep_points(allp) + proposed_points(allp, read_parquet(PROPOSED))
     memo: dict[str, str] = {}
     device = resolve_device(allp["compute"].device)
     settings = {"evaluate": dict(p), "generation": dict(gen), "chat": dict(chat), "answer": dict(answer),
@@ -98,22 +113,43 @@ def main() -> None:
                 "code": code_versions()}
     settings_key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
     keys = {pt.name: point_key(pt, settings_key, memo) for pt in points}
+    kl_settings = {"rollouts": content_hash(ROLLOUTS), "chunk": allp["fisher"].chunk, "device": str(device),
+                   "trust_remote_code": models.trust_remote_code, "code": settings["code"]}
+    kl_settings_key = hashlib.sha256(json.dumps(kl_settings, sort_keys=True).encode()).hexdigest()
+    kl_keys = {pt.name: kl_key(pt, kl_settings_key, memo) for pt in points}
     todo = [pt for pt in points if not is_current(pt, keys[pt.name])]
     for f in remove_stale({pt.name for pt in points}):
         print(f"evaluate: removed {f} (not in the sweep)")
     print(f"evaluate: {len(todo)} of {len(points)} points to score; the others are current")
-    if not todo:
-        return
-    for pt in todo:  # fail before starting the engine, with the point's name
+    for pt in points:  # fail before starting the engine, with the point's name
         check_compatible(pt.model, models.post)
         if pt.delta is not None and not Path(pt.delta).is_dir():
             raise FileNotFoundError(f"point {pt.name}: delta {pt.delta} is missing; run its stage")
 
+    timing: dict[str, dict] = {}
+    try:
+        if todo:
+            sample_points(todo, keys, kl_keys, allp, new_task, suites, device, timing)
+        measure_kl(points, kl_keys, allp, device, timing)
+    finally:
+        if timing:  # wall times differ run to run: kept out of the cached outputs
+            old = pd.read_parquet(TIMES) if TIMES.exists() else pd.DataFrame(columns=["name"])
+            new = pd.DataFrame([{"name": k, **v} for k, v in timing.items()])
+            write_parquet(TIMES, pd.concat([old[~old.name.isin(new.name)], new], ignore_index=True))
+
+
+KL_FIELDS = ("retention_kl", "retention_kl_rollout", "kl_tokens", "kl_key")
+
+
+def sample_points(todo: list[Point], keys: dict[str, str], kl_keys: dict[str, str], allp, new_task, suites, device,
+                  timing: dict) -> None:
+    """Score ``todo`` on every suite with one engine, writing each point's samples and JSON as it finishes (a
+    measured KL that is still current is kept)."""
+    p, gen, models = allp["evaluate"], allp["generation"], allp["models"]
     t0 = time.perf_counter()
     # one engine for the whole sweep
     generator = open_generator(models.post, gen, new_task.fmt, models.trust_remote_code, POINT_LOADER, device)
     engine_s = time.perf_counter() - t0
-    timing = []
     try:
         for pt in tqdm(todo, desc="evaluate points", mininterval=2.0):
             t1 = time.perf_counter()
@@ -122,22 +158,41 @@ def main() -> None:
             metrics, samples = evaluate_model(generator, new_task, suites, p.pass_k)
             t3 = time.perf_counter()
             tokens = int(samples["n_tokens"].sum())
+            old = recorded(pt)
+            kept = {k: old[k] for k in KL_FIELDS if k in old} if old.get("kl_key") == kl_keys[pt.name] else {}
             write_parquet(SAMPLES / f"{pt.name}.parquet", samples)
-            write_json(POINTS / f"{pt.name}.json", {**pt.as_dict(), "key": keys[pt.name], **metrics,
+            write_json(POINTS / f"{pt.name}.json", {**pt.as_dict(), "key": keys[pt.name], **metrics, **kept,
                                                      "generated_tokens": tokens,
                                                      "samples_sha256": content_hash(SAMPLES / f"{pt.name}.parquet")})
-            timing.append({"name": pt.name, "backend": gen.backend, "engine_start_s": engine_s, "load_s": t2 - t1,
-                           "generate_s": t3 - t2, "generated_tokens": tokens, "tokens_per_s": tokens / (t3 - t2),
-                           "points_this_run": len(todo)})
+            timing[pt.name] = {"backend": gen.backend, "engine_start_s": engine_s, "load_s": t2 - t1,
+                               "generate_s": t3 - t2, "generated_tokens": tokens, "tokens_per_s": tokens / (t3 - t2),
+                               "points_this_run": len(todo)}
             print(f"evaluate {pt.name}: new {metrics['new_task']:.3f} old {metrics['old_task']:.3f} "
                   f"(load {t2 - t1:.2f}s, generation {t3 - t2:.1f}s)")
     finally:
         generator.close()
-        if timing:  # wall times differ run to run: kept out of the cached outputs
-            old = pd.read_parquet(TIMES) if TIMES.exists() else pd.DataFrame(columns=["name"])
-            new = pd.DataFrame(timing)
-            write_parquet(TIMES, pd.concat([old[~old.name.isin(new.name)], new], ignore_index=True))
     print(f"evaluate: engine start {engine_s:.1f}s once for {len(todo)} points")
+
+
+def measure_kl(points: list[Point], kl_keys: dict[str, str], allp, device, timing: dict) -> None:
+    """The retention KL of every point whose recorded ``kl_key`` is not the current one, added to its JSON."""
+    todo = [pt for pt in points if recorded(pt).get("kl_key") != kl_keys[pt.name]]
+    print(f"evaluate: {len(todo)} of {len(points)} points need their retention KL measured")
+    if not todo:
+        return
+    models = allp["models"]
+    rollouts = rollouts_from_table(read_parquet(ROLLOUTS), ROLLOUTS)
+    pad = open_chat(models.post, allp["chat"], allp["answer"], models.trust_remote_code).pad_id
+    meter = RetentionKL(models.post, rollouts, pad, models.trust_remote_code, device, allp["fisher"].chunk)
+    for pt in tqdm(todo, desc="retention KL", mininterval=2.0):
+        t0 = time.perf_counter()
+        kl = meter.measure(point_tensors(pt.model, pt.delta, pt.lam))
+        rec = recorded(pt)
+        write_json(POINTS / f"{pt.name}.json", {**rec, "retention_kl": kl["token"],
+                                                 "retention_kl_rollout": kl["rollout"], "kl_tokens": kl["tokens"],
+                                                 "kl_key": kl_keys[pt.name]})
+        timing.setdefault(pt.name, {})["kl_s"] = time.perf_counter() - t0
+        print(f"evaluate {pt.name}: retention KL {kl['token']:.3g} nats/token")
 
 
 if __name__ == "__main__":

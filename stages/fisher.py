@@ -1,7 +1,9 @@
 """fisher: Fisher of a model on its own samples.
 
 python -m stages.fisher --which retention  ->  the post model on old-task retention prompts: diagonal Fisher and
-    KFAC factors with their eigendecompositions (tensors/fisher/retention/{diagonal,kfac}.safetensors)
+    KFAC factors with their eigendecompositions (tensors/fisher/retention/{diagonal,kfac}.safetensors), and the
+    rollouts they were taken on (data/fisher/retention_rollouts.parquet: the evaluation measures each point's KL
+    from the post model on them)
 python -m stages.fisher --which new --lr L --epoch E  ->  the SFT snapshot on the mined training prompts: diagonal
     Fisher, for the Fisher-merging baseline (tensors/fisher/new_lr<L>_ep<E>/diagonal.safetensors)
 With fisher.num_processes > 1 the stage runs itself under torchrun: the first process samples the rollouts and
@@ -17,7 +19,7 @@ import sys
 import torch.distributed as dist
 
 from graft.cli import run_stage
-from graft.atomic import atomic_file, write_json
+from graft.atomic import atomic_file, write_json, write_parquet
 from graft.chat import open_chat
 from graft.distributed import broadcast_token_lists, init_distributed, relaunch_under_torchrun
 from graft.fisher import estimate_diag_fisher, rank_share
@@ -25,6 +27,7 @@ from graft.generation import SamplingSpec, open_generator, table_labels
 from graft.inputs import InputSpec, read_input
 from graft.kfac import kfac_linear_names, write_kfac
 from graft.modeling import load_model
+from graft.retention_kl import ROLLOUTS, rollouts_table
 from graft.schema import load_all
 from graft.sweep import require, run_tag
 from graft.tables import read_table
@@ -83,6 +86,8 @@ def main() -> None:
     if info.main:
         with atomic_file(f"tensors/fisher/{which}/diagonal.safetensors") as tmp:
             save_tensors(tmp, fisher)
+        if which == "retention":
+            write_parquet(ROLLOUTS, rollouts_table(rollouts))
     summary = {"rollouts": len(rollouts), "diagonal_trace": sum(float(v.sum()) for v in fisher.values()),
                "mean_response_tokens": sum(len(r) for _, r in rollouts) / len(rollouts)}
     del fisher

@@ -1,5 +1,8 @@
 """report: all points of the current sweep in one table, the Pareto plot, and metrics for ``dvc exp show``.
 
+The propose stage's points (method proposed_<family>) are in the table and drawn as stars; the frontiers are the
+sweep's own (proposed and diagnostic points are left out of them).
+
 -> reports/points.parquet, reports/pareto.png, reports/pareto.json (DVC plot data), reports/metrics.json
 """
 from __future__ import annotations
@@ -17,7 +20,9 @@ from graft.cli import run_stage
 from graft.atomic import atomic_file, write_json, write_parquet  # noqa: E402
 from graft.pareto import non_dominated  # noqa: E402
 from graft.schema import load_all  # noqa: E402
-from graft.points import DIAGNOSTIC, sweep_points  # noqa: E402
+from graft.kl_prediction import PROPOSED  # noqa: E402
+from graft.points import DIAGNOSTIC, PROPOSED_PREFIX, proposed_points, sweep_points  # noqa: E402
+from graft.tables import read_parquet  # noqa: E402
 
 # what the x axis measures: evaluate scores knowledge recall greedily, every other source by pass@1 over n samples
 NEW_TASK_AXIS = {"knowledge": "new task (held-out phrasings of injected facts, greedy exact match)"}
@@ -35,16 +40,21 @@ def load_points(names: list[str], folder: Path) -> pd.DataFrame:
         if not path.exists():
             raise FileNotFoundError(f"report: point {name} has no {path}; run the evaluate stage")
         d = json.loads(path.read_text())
-        row = {k: d.get(k) for k in ("name", "method", "donor", "lr", "epoch", "lam", "rho", "mask", "alpha")}
+        row = {k: d.get(k) for k in ("name", "method", "donor", "delta", "lr", "epoch", "lam", "rho", "mask",
+                                     "alpha")}
         row.update(new_task=d["new_task"], old_task=d["old_task"], generated_tokens=d.get("generated_tokens"))
+        for key in ("retention_kl", "retention_kl_rollout"):
+            if key not in d:
+                raise ValueError(f"report: point {name} has no {key} in {path}; run the evaluate stage")
+            row[key] = d[key]
         for key, val in d.items():
             if key.startswith("old:") or key == "new":
                 for metric, v in val.items():
                     row[f"{key}/{metric}"] = v
         rows.append(row)
     df = pd.DataFrame(rows)
-    df["frontier"] = False  # globally non-dominated among the methods (interpolation diagnostics excluded)
-    methods = df.method != DIAGNOSTIC
+    df["frontier"] = False  # globally non-dominated among the swept methods (diagnostics, proposals excluded)
+    methods = (df.method != DIAGNOSTIC) & ~df.method.str.startswith(PROPOSED_PREFIX)
     df.loc[methods, "frontier"] = non_dominated(list(zip(df.new_task[methods], df.old_task[methods])))
     df["method_frontier"] = False  # non-dominated among the points of its own method
     for _, idx in df.groupby("method").groups.items():
@@ -105,6 +115,12 @@ def plot(df: pd.DataFrame, path: Path, x_label: str) -> None:
             marks = [("λ", r.lam), ("ρ", r.rho), ("α", r.alpha)] + [(f"{c} ", getattr(r, c)) for c in several]
             tag = " ".join(f"{sym}{v:g}" for sym, v in marks if not pd.isna(v))
             ax.annotate(tag, (r.new_task, r.old_task), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for method in sorted(m for m in set(df.method) if m.startswith(PROPOSED_PREFIX)):
+        sub = df[df.method == method]
+        ax.scatter(sub.new_task, sub.old_task, marker="*", s=160, label=method, edgecolors="black", lw=0.6)
+        for _, r in sub.iterrows():
+            ax.annotate(f"λ{r.lam:g}" + ("" if pd.isna(r.rho) else f" ρ{r.rho:g}"), (r.new_task, r.old_task),
+                        fontsize=7, xytext=(3, -9), textcoords="offset points")
     glob = df[df.frontier]
     ax.scatter(glob.new_task, glob.old_task, facecolors="none", edgecolors="black", s=120, lw=1.2,
                label="global frontier")
@@ -116,7 +132,8 @@ def plot(df: pd.DataFrame, path: Path, x_label: str) -> None:
 
 def main() -> None:
     allp = load_all()
-    df = load_points([pt.name for pt in sweep_points(allp)], Path("reports/points"))
+    points = sweep_points(allp) + proposed_points(allp, read_parquet(PROPOSED))
+    df = load_points([pt.name for pt in points], Path("reports/points"))
     write_parquet("reports/points.parquet", df)
     plot(df[df.method != DIAGNOSTIC], Path("reports/pareto.png"), new_task_axis(allp["finetune"].source))
     if (df.method == DIAGNOSTIC).any():

@@ -84,17 +84,20 @@ def test_full_dag_runs_and_writes_the_report(repo):
     assert {"world", "mine", "teacher", "star", "rewrite@aligner", "rewrite@base", "rewrite_student", "synthself",
             "facts", "knowledge", "sources", "finetune_donor@0.001", "finetune_sft@0.001", "opsd@0.5-0.001",
             "fisher_retention", f"fisher_new@{RUN}", f"fisher_share@{RUN}", "evaluate", f"export@{EXPORTED}",
-            "delta_post", "diagnostics", "report"} <= ran_stages(log)
-    assert "evaluate: 15 of 15 points to score" in log
+            "delta_post", "diagnostics", "predict_kl", "propose", "report", "kl_report"} <= ran_stages(log)
+    assert "evaluate: 20 of 20 points to score" in log   # the sweep's 15 and one proposed point per family
     sources = pd.read_parquet(repo / "reports/offpolicy_sources.parquet")
     assert list(sources.source) == ["teacher", "synthself", "star", "knowledge"]
     assert sources.rate.between(0, 1).all() and (sources.rows >= 0).all()
     aligners = pd.read_parquet(repo / "reports/synthself/aligners.parquet")
     assert set(aligners.name) == {"aligner", "base"} and aligners.chosen.sum() <= 1
     points = pd.read_parquet(repo / "reports/points.parquet")
-    assert set(points.method) == {"post", "sft", "sft_merge", "fisher_merge", "opsd", "graft", "graft_diagonal",
-                                  "graft_kfac", "graft_random", "base_to_post"}
-    assert len(points) == 1 + 1 + 2 + 1 + 1 + 2 + 3 * 2 + 1
+    families = {"graft", "graft_diagonal", "graft_kfac", "graft_random", "sft_merge"}
+    assert set(points.method) == {"post", "sft", "fisher_merge", "opsd", "base_to_post"} | families | {
+        f"proposed_{f}" for f in families}
+    assert len(points) == 1 + 1 + 2 + 1 + 1 + 2 + 3 * 2 + 1 + 5
+    assert not points[points.method.str.startswith("proposed_")].frontier.any()   # the sweep's frontier
+    check_kl_prediction(repo, points)
     assert not points[points.method == "base_to_post"].frontier.any()  # a diagnostic, not a method
     assert (repo / "reports/diagnostics/interpolation.png").stat().st_size > 1000
     summary = json.loads((repo / "reports/diagnostics/summary.json").read_text())
@@ -135,6 +138,31 @@ def test_full_dag_runs_and_writes_the_report(repo):
     run(["git", "commit", "-qm", "first run"], repo)
 
 
+def check_kl_prediction(repo: Path, points: pd.DataFrame) -> None:
+    """Every point has a measured retention KL (0 exactly for post itself, > 0 for every other weights), every delta
+    a predicted one, and the report relates them."""
+    kl = points.set_index("name").retention_kl
+    assert kl["post"] == 0.0 and (kl.drop("post") > 0).all() and points.retention_kl_rollout.notna().all()
+    forms = pd.read_parquet(repo / "reports/kl/forms.parquet")
+    assert sorted(forms.family) == ["graft", "graft_diagonal", "graft_kfac", "graft_random", "sft_merge"]
+    assert (forms.diagonal_form > 0).all() and (forms.kfac_form > 0).all() and (forms.directional_form > 0).all()
+    proposed = pd.read_parquet(repo / "reports/kl/proposed.parquet")
+    assert proposed.chosen.sum() == 5 and (proposed.lam > 0).all() and (proposed.lam <= 1.0).all()
+    # the measured proposal meets its budget, and evaluate measures bitwise the KL the proposal found
+    budget = yaml.safe_load((repo / "params.yaml").read_text())["propose"]["kl_budget"]
+    for r in proposed[proposed.chosen].itertuples():
+        name = f"proposed_{r.family}_lr{r.lr}_ep{r.epoch}"
+        assert kl[name] == r.predicted_kl and (kl[name] <= budget or r.lam == 1.0), (name, kl[name], r.lam)
+    table = pd.read_parquet(repo / "reports/kl/prediction.parquet").set_index("name")
+    swept = [n for n in table.index if n.startswith(("graft", "sft", "proposed_"))]
+    for form in ("kfac", "diagonal", "directional"):
+        assert table.loc[swept, f"predicted_kl_{form}"].gt(0).all(), form
+    summary = json.loads((repo / "reports/kl/summary.json").read_text())
+    assert summary["kfac"]["points"] == summary["diagonal"]["points"] == summary["directional"]["points"] == len(swept)
+    assert -1 <= summary["kfac"]["spearman_predicted_vs_measured"] <= 1
+    assert len(summary["proposed"]) == 1 + 5 and (repo / "reports/kl/prediction.png").stat().st_size > 1000
+
+
 def test_nothing_changed_nothing_runs(repo):
     assert ran_stages(run(["dvc", "repro"], repo)) == set()
 
@@ -143,9 +171,9 @@ def test_new_lambda_evaluates_only_the_new_points(repo):
     before = {f.name: f.read_bytes() for f in (repo / "reports/points").glob("*lam0.5*.json")}
     set_param(repo, "sweep", "lams", [0.5, 0.75])
     log = run(["dvc", "repro"], repo)
-    assert ran_stages(log) == {"evaluate", "report"}
+    assert ran_stages(log) == {"evaluate", "report", "kl_report"}   # the predicted KL needs no rerun
     # graft, SFT+merge and three masks at 0.75 are new; the lam 1.0 points are removed from the results
-    assert "evaluate: 5 of 15 points to score" in log
+    assert "evaluate: 5 of 20 points to score" in log and "evaluate: 5 of 20 points need their retention KL" in log
     assert not list((repo / "reports/points").glob("*lam1.0*"))
     assert not list((repo / "reports/samples").glob("*lam1.0*"))
     assert {f.name: f.read_bytes() for f in (repo / "reports/points").glob("*lam0.5*.json")} == before
@@ -160,18 +188,40 @@ def test_new_rho_does_not_refinetune_or_reestimate_fisher(repo):
     assert not ran & {"world", "mine", "teacher", "synthself", "finetune_donor@0.001", "finetune_sft@0.001",
                       "fisher_retention", f"fisher_new@{RUN}", f"delta_graft@{RUN}", f"delta_sft@{RUN}",
                       f"mask@diagonal-0.1-{RUN}", f"fisher_share@{RUN}"}
-    assert all(s.startswith("mask@") or s in ("evaluate", "report") for s in ran), ran
+    assert all(s.startswith("mask@") or s in ("predict_kl", "propose", "evaluate", "report", "kl_report")
+               for s in ran), ran
 
 
 def test_new_epoch_uses_the_existing_snapshots(repo):
     set_param(repo, "sweep", "epochs", [1, 2])
     ran = ran_stages(run(["dvc", "repro"], repo))
     assert f"delta_graft@0.001-1" in ran and "evaluate" in ran and "report" in ran
-    assert all(s in ("evaluate", "diagnostics", "report") or s.endswith(("@0.001-1", "-0.001-1")) for s in ran), ran
+    assert all(s in ("predict_kl", "propose", "evaluate", "diagnostics", "report", "kl_report")
+               or s.endswith(("@0.001-1", "-0.001-1")) for s in ran), ran
     points = pd.read_parquet(repo / "reports/points.parquet")
     assert sorted(points.epoch.dropna().unique()) == [1, 2]
     run(["git", "add", "-A"], repo)
     run(["git", "commit", "-qm", "sweep"], repo)
+
+
+def test_kl_budget_moves_only_the_proposed_points(repo):
+    """A new budget: the proposal and its points only; no delta is read again and no swept point is scored."""
+    before = pd.read_parquet(repo / "reports/kl/proposed.parquet")
+    set_param(repo, "propose", "kl_budget", 0.25 * yaml.safe_load((repo / "params.yaml").read_text())["propose"][
+        "kl_budget"])
+    log = run(["dvc", "repro"], repo)
+    assert ran_stages(log) == {"propose", "evaluate", "report", "kl_report"}
+    after = pd.read_parquet(repo / "reports/kl/proposed.parquet")
+    assert (after.lam <= before.lam).all() and (after.predicted_kl <= before.predicted_kl).all()
+    points = pd.read_parquet(repo / "reports/points.parquet").set_index("name")
+    budget = yaml.safe_load((repo / "params.yaml").read_text())["propose"]["kl_budget"]
+    assert (points[points.method.str.startswith("proposed_")].retention_kl <= budget).all()
+    moved = int((after[after.chosen].lam.to_numpy() != before[before.chosen].lam.to_numpy()).sum())
+    assert moved > 0
+    assert re.search(rf"evaluate: {moved} of \d+ points to score", log), log[-2000:]
+    assert re.search(rf"evaluate: {moved} of \d+ points need their retention KL", log), log[-2000:]
+    run(["git", "checkout", "HEAD", "--", "."], repo)
+    run(["dvc", "checkout", "--force"], repo)
 
 
 def test_dvc_remote_round_trip_runs_nothing_in_a_fresh_clone(repo, tmp_path):
