@@ -185,9 +185,11 @@ class VLLMGenerator:
 
     def __init__(self, model_dir: str | Path, stop_ids: Sequence[int], dtype: str = "float32",
                  max_model_len: int = 512, memory_fraction: float = 0.3, enforce_eager: bool = True,
-                 trust_remote_code: bool = False, worker_extension: str | None = None):
+                 trust_remote_code: bool = False, worker_extension: str | None = None, tensor_parallel_size: int = 1):
         """``worker_extension``: dotted name of a class whose methods every worker gains (vLLM's
-        ``worker_extension_cls``); ``graft.points.POINT_LOADER`` lets ``load_point`` write sweep points in."""
+        ``worker_extension_cls``); ``graft.points.POINT_LOADER`` lets ``load_point`` write sweep points in.
+        ``tensor_parallel_size``: vLLM's own tensor parallelism (its worker processes, one per shard); every worker
+        runs the extension, so a point written in place reaches every shard."""
         from vllm import LLM
 
         from graft.modeling import load_tokenizer
@@ -199,7 +201,8 @@ class VLLMGenerator:
         self.max_model_len = max_model_len
         self.llm = LLM(model=str(model_dir), dtype=dtype, seed=0, max_model_len=max_model_len,
                        gpu_memory_utilization=memory_fraction, enforce_eager=enforce_eager,
-                       trust_remote_code=trust_remote_code, worker_extension_cls=worker_extension or "")
+                       trust_remote_code=trust_remote_code, worker_extension_cls=worker_extension or "",
+                       tensor_parallel_size=tensor_parallel_size)
         self.worker_extension = worker_extension
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec,
@@ -265,4 +268,4 @@ def open_generator(model_dir: str | Path, gen_params, fmt, trust_remote_code: bo
                            trust_remote_code, worker_extension, gen_params.max_model_len, device)
     return VLLMGenerator(model_dir, fmt.stop_ids, gen_params.dtype, gen_params.max_model_len,
                          gen_params.vllm_memory_fraction, gen_params.vllm_enforce_eager, trust_remote_code,
-                         worker_extension)
+                         worker_extension, gen_params.vllm_tensor_parallel_size)

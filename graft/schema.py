@@ -79,6 +79,7 @@ SCHEMA: dict[str, dict] = {
         "max_model_len": POS_INT,
         "vllm_memory_fraction": Field(NUM, lambda x: 0 < x <= 1, "in (0, 1]"),
         "vllm_enforce_eager": Field(BOOL),
+        "vllm_tensor_parallel_size": POS_INT,   # vLLM tensor parallelism: the model split over this many devices
     },
     "mine": {
         "k": POS_INT,
@@ -246,6 +247,11 @@ def check_cross(p: dict[str, Section]) -> None:
     if Path(kn.facts.path) == Path(INVENTED_FACTS) and kn.heldout_phrasings >= kn.invent.phrasings:
         raise ParamsError(f"params.yaml: knowledge.heldout_phrasings ({kn.heldout_phrasings}) must be below "
                           f"knowledge.invent.phrasings ({kn.invent.phrasings}): some phrasings must be trained on")
+    gen = p["generation"]
+    if gen.vllm_tensor_parallel_size > 1 and gen.backend != "vllm":
+        raise ParamsError(f"params.yaml: generation.vllm_tensor_parallel_size is {gen.vllm_tensor_parallel_size}, "
+                          f"but generation.backend is {gen.backend}: tensor parallelism is vLLM's (set backend: vllm, "
+                          "or the size to 1)")
     ft = p["finetune"]
     if max(p["sweep"].epochs) > ft.epochs:
         raise ParamsError(f"params.yaml: sweep.epochs has {max(p['sweep'].epochs)}, past finetune.epochs "

@@ -146,3 +146,27 @@ def test_vllm_shared_engine_equals_a_fresh_engine_per_point(tiny_model_dir, poin
         fresh.close()
     assert ids(shared) == ids(alone) and ids(shared) != ids(before)
     assert ids(back) == ids(before)
+
+
+def test_vllm_engine_gets_the_tensor_parallel_size_from_params(monkeypatch, tiny_model_dir):
+    """generation.vllm_tensor_parallel_size reaches vLLM's LLM (its own worker processes split the model); the
+    point loader runs on every worker through collective_rpc, so each keeps its shard."""
+    import types
+
+    import vllm
+
+    from graft.generation import open_generator
+    from tests.conftest import family_format
+    from graft.modeling import load_tokenizer
+
+    seen = {}
+
+    class FakeLLM:
+        def __init__(self, **kw):
+            seen.update(kw)
+
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    gen = types.SimpleNamespace(backend="vllm", dtype="float32", max_model_len=128, vllm_memory_fraction=0.3,
+                                vllm_enforce_eager=True, vllm_tensor_parallel_size=2)
+    open_generator(tiny_model_dir, gen, family_format(load_tokenizer(tiny_model_dir)), worker_extension=POINT_LOADER)
+    assert seen["tensor_parallel_size"] == 2 and seen["worker_extension_cls"] == POINT_LOADER
