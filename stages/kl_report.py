@@ -31,8 +31,9 @@ OUT = Path("reports/kl")
 def plot(table: pd.DataFrame, path: Path) -> None:
     fig, axes = plt.subplots(1, len(FISHER_FORMS) + 1, figsize=(5 * len(FISHER_FORMS) + 5, 4.5), dpi=110)
     have = table[table.predicted_kl_kfac.notna() & (table.measured_kl > 0)]
+    every = table[(table.measured_kl > 0) & (table.method != DIAGNOSTIC)]   # every method, predicted or not
     methods = sorted(set(have.method))
-    colours = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
+    colours = {m: plt.cm.tab20(i % 20) for i, m in enumerate(sorted(set(every.method)))}   # one colour per method
     for ax, form in zip(axes, FISHER_FORMS):
         sub = have[have[f"predicted_kl_{form}"] > 0]
         for m in methods:
@@ -48,11 +49,10 @@ def plot(table: pd.DataFrame, path: Path) -> None:
         ax.set_xlabel(f"predicted KL, {form} Fisher (nats/token)")
         ax.set_ylabel("measured retention KL (nats/token)")
         ax.set_title(f"{form}: predicted vs measured")
-    every = table[(table.measured_kl > 0) & (table.method != DIAGNOSTIC)]   # every method, predicted or not
-    for i, m in enumerate(sorted(set(every.method))):
+    for m in sorted(set(every.method)):
         s = every[every.method == m]
-        axes[-1].scatter(s.measured_kl, s.old_task, color=colours.get(m, plt.cm.tab10((len(methods) + i) % 10)),
-                         label=m, s=30, marker="*" if m.startswith("proposed_") else "o")
+        axes[-1].scatter(s.measured_kl, s.old_task, color=colours[m], label=m, s=30,
+                         marker="*" if m.startswith("proposed_") else "o")
     if len(every):
         axes[-1].set_xscale("log")
     axes[-1].set_xlabel("measured retention KL (nats/token)")

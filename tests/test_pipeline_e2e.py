@@ -178,7 +178,8 @@ def test_new_lambda_evaluates_only_the_new_points(repo):
     assert not list((repo / "reports/samples").glob("*lam1.0*"))
     assert {f.name: f.read_bytes() for f in (repo / "reports/points").glob("*lam0.5*.json")} == before
     points = pd.read_parquet(repo / "reports/points.parquet")
-    assert sorted(points.lam.dropna().unique()) == [0.5, 0.75]
+    swept = points[~points.method.str.startswith("proposed_")]   # proposed points have lambdas of their own
+    assert sorted(swept.lam.dropna().unique()) == [0.5, 0.75]
 
 
 def test_new_rho_does_not_refinetune_or_reestimate_fisher(repo):
@@ -216,7 +217,9 @@ def test_kl_budget_moves_only_the_proposed_points(repo):
     points = pd.read_parquet(repo / "reports/points.parquet").set_index("name")
     budget = yaml.safe_load((repo / "params.yaml").read_text())["propose"]["kl_budget"]
     assert (points[points.method.str.startswith("proposed_")].retention_kl <= budget).all()
-    moved = int((after[after.chosen].lam.to_numpy() != before[before.chosen].lam.to_numpy()).sum())
+    # a proposed point moves when its lambda or its delta (the chosen rho) changes
+    was, now = before[before.chosen], after[after.chosen]
+    moved = int(((now.lam.to_numpy() != was.lam.to_numpy()) | (now.delta.to_numpy() != was.delta.to_numpy())).sum())
     assert moved > 0
     assert re.search(rf"evaluate: {moved} of \d+ points to score", log), log[-2000:]
     assert re.search(rf"evaluate: {moved} of \d+ points need their retention KL", log), log[-2000:]
