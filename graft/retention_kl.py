@@ -44,6 +44,13 @@ def rollouts_from_table(df: pd.DataFrame, name: str) -> list[Rollout]:
     return out
 
 
+def read_rollouts(path: str = ROLLOUTS) -> list[Rollout]:
+    """The fisher stage's rollouts table, read and checked (every error names the file)."""
+    from graft.tables import read_parquet
+
+    return rollouts_from_table(read_parquet(path), str(path))
+
+
 def mean_inverse_length(rollouts: Sequence[Rollout]) -> float:
     """(1/N) sum_n 1/T_n: converts 1/2 delta^T F delta (rollout mean) to a per-token KL when KL_nt is constant."""
     return sum(1.0 / len(r) for _, r in rollouts) / len(rollouts)

@@ -35,7 +35,7 @@ from graft.kl_prediction import PROPOSED
 from graft.modeling import resolve_device
 from graft.points import (POINT_LOADER, Point, content_hash, kl_key, point_key, point_tensors, proposed_points,
                           sweep_points)
-from graft.retention_kl import ROLLOUTS, RetentionKL, rollouts_from_table
+from graft.retention_kl import ROLLOUTS, RetentionKL, read_rollouts
 from graft.tables import read_parquet
 from graft.schema import load_all
 from graft.tensors import check_compatible
@@ -181,7 +181,7 @@ def measure_kl(points: list[Point], kl_keys: dict[str, str], allp, device, timin
     if not todo:
         return
     models = allp["models"]
-    rollouts = rollouts_from_table(read_parquet(ROLLOUTS), ROLLOUTS)
+    rollouts = read_rollouts()
     pad = open_chat(models.post, allp["chat"], allp["answer"], models.trust_remote_code).pad_id
     meter = RetentionKL(models.post, rollouts, pad, models.trust_remote_code, device, allp["fisher"].chunk)
     for pt in tqdm(todo, desc="retention KL", mininterval=2.0):

@@ -19,9 +19,8 @@ from graft.fisher import directional_fisher
 from graft.kl_prediction import FORM_COLUMNS, FORMS, quadratic_forms
 from graft.modeling import load_model, resolve_device
 from graft.points import sweep_deltas
-from graft.retention_kl import ROLLOUTS, mean_inverse_length, rollouts_from_table
+from graft.retention_kl import mean_inverse_length, read_rollouts
 from graft.schema import load_all
-from graft.tables import read_parquet
 from graft.tensors import TensorReader
 
 FISHER = "tensors/fisher/retention"
@@ -30,7 +29,7 @@ FISHER = "tensors/fisher/retention"
 def main() -> None:
     p = load_all()
     models = p["models"]
-    rollouts = rollouts_from_table(read_parquet(ROLLOUTS), ROLLOUTS)
+    rollouts = read_rollouts()
     inv_len = mean_inverse_length(rollouts)
     pad = open_chat(models.post, p["chat"], p["answer"], models.trust_remote_code).pad_id
     post = load_model(models.post, "float32", models.trust_remote_code, resolve_device(p["compute"].device))

@@ -16,7 +16,7 @@ from graft.cli import run_stage
 from graft.kl_prediction import FORMS, PROPOSED, propose
 from graft.modeling import resolve_device
 from graft.points import point_tensors
-from graft.retention_kl import ROLLOUTS, RetentionKL, rollouts_from_table
+from graft.retention_kl import RetentionKL, read_rollouts
 from graft.schema import load_all
 from graft.tables import read_parquet
 
@@ -27,7 +27,7 @@ def main() -> None:
     measure = None
     if p.predictor == "measured":
         pad = open_chat(models.post, allp["chat"], allp["answer"], models.trust_remote_code).pad_id
-        meter = RetentionKL(models.post, rollouts_from_table(read_parquet(ROLLOUTS), ROLLOUTS), pad,
+        meter = RetentionKL(models.post, read_rollouts(), pad,
                             models.trust_remote_code, resolve_device(allp["compute"].device), allp["fisher"].chunk)
 
         def measure(delta: str, lam: float) -> float:
