@@ -309,10 +309,11 @@ def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: T
             if dist_info.world > 1:
                 dist.all_reduce(total_loss)
             torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+            lr = sched.get_last_lr()[0]   # the rate this step uses (after sched.step() it is the next step's)
             opt.step()
             sched.step()
             step += 1
-            log.curve.append({"step": step, "epoch": epoch, "loss": float(total_loss), "lr": sched.get_last_lr()[0]})
+            log.curve.append({"step": step, "epoch": epoch, "loss": float(total_loss), "lr": lr})
             if on_step is not None and dist_info.main:
                 on_step(log.curve[-1])
             elapsed = time.perf_counter() - t0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
@@ -65,7 +66,20 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=IGNORE)
 
 
-def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
+def warmup_cosine(step: int, warmup: int, total: int) -> float:
+    """The finetune recipe's learning-rate factor at optimiser step ``step`` (0-based): a linear warmup that
+    already moves the weights on the first step, (step + 1) / (warmup + 1), then cosine decay over the remaining
+    steps. transformers' schedule gives the first step a rate of exactly 0, so a one-step finetune learned nothing."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int, first_step_at_zero: bool = False):
+    """AdamW and its schedule. ``first_step_at_zero`` keeps transformers' cosine schedule (first step at rate 0),
+    which the embedded world's pretraining and post-training were built with; every finetune uses
+    ``warmup_cosine``."""
     # Standard practice: no weight decay on norms and biases.
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -74,8 +88,10 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=cfg.betas)
-    sched = get_cosine_schedule_with_warmup(opt, math.ceil(cfg.warmup_ratio * total_steps), total_steps)
-    return opt, sched
+    warmup = math.ceil(cfg.warmup_ratio * total_steps)
+    if first_step_at_zero:
+        return opt, get_cosine_schedule_with_warmup(opt, warmup, total_steps)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, partial(warmup_cosine, warmup=warmup, total=total_steps))
 
 
 def train_steps(
@@ -88,7 +104,7 @@ def train_steps(
 ) -> list[float]:
     """Run ``steps`` optimiser steps; ``next_batch(step)`` supplies each batch. Returns the loss per step."""
     model.train()
-    opt, sched = make_optimizer(model, cfg, steps)
+    opt, sched = make_optimizer(model, cfg, steps, first_step_at_zero=True)   # the committed world's schedule
     losses: list[float] = []
     bar = tqdm(range(steps), desc=desc, mininterval=2.0)
     for step in bar:

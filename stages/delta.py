@@ -42,6 +42,10 @@ def main() -> None:
         pair = (f"models/finetuned/sft_lr{args.lr}/epoch{args.epoch}", models.post)
     with atomic_dir(f"tensors/delta/{args.kind}_{tag}") as tmp:
         norms = write_delta(*pair, tmp)
+        if not any(norms.values()):   # raised inside: nothing is written
+            raise ValueError(f"{pair[0]} equals {pair[1]} in every weight: the finetune at lr {args.lr} learned "
+                             "nothing by this epoch, and a zero delta would score as the post model under every "
+                             "method (check finetune.lrs and the training data)")
     print(f"delta {args.kind}_{tag}: {len(norms)} tensors, norm {sum(norms.values()) ** 0.5:.4f}")
 
 

@@ -257,6 +257,12 @@ def test_finetuned_tensor_shape_differs(box, monkeypatch, capsys):
     assert f"tensor {name}: shape" in delta_fails(box, monkeypatch, capsys)
 
 
+def test_finetune_that_learned_nothing(box, monkeypatch, capsys):
+    shutil.copy2(box / "models/base/model.safetensors", box / FT / "model.safetensors")   # snapshot == donor
+    err = delta_fails(box, monkeypatch, capsys)
+    assert f"{FT} equals models/base in every weight: the finetune at lr 0.001 learned nothing" in err
+
+
 def test_nan_in_finetuned_weights(box, monkeypatch, capsys):
     name = "model.layers.0.mlp.up_proj.weight"
     _edit_weights(box, FT, lambda w: w[name].view(-1).__setitem__(5, float("nan")))

@@ -13,7 +13,7 @@ from graft.finetuning import (SupervisedObjective, TrainSpec, epoch_plan, rank_m
                               train)
 from graft.modeling import load_model
 from graft.opsd import OPSDExample, OPSDObjective, generalized_jsd, topk_divergence
-from graft.training import IGNORE, SFTExample, encode_sft
+from graft.training import IGNORE, SFTExample, encode_sft, warmup_cosine
 from tests.conftest import family_format, run_worker
 from tests.ddp_worker import EXAMPLES
 
@@ -120,6 +120,21 @@ def _fit(model_dir, tok, spec, **kw):
                 on_epoch_end=lambda e, m, w: snaps.__setitem__(e, {k: v.clone() for k, v in m.state_dict().items()}),
                 **kw)
     return model, snaps, log
+
+
+def test_warmup_moves_the_weights_from_the_first_step():
+    # transformers' schedule gives step 0 a rate of 0: a one-step finetune would learn nothing
+    assert [warmup_cosine(s, 2, 10) for s in range(3)] == [pytest.approx(1 / 3), pytest.approx(2 / 3), 1.0]
+    assert all(0 < warmup_cosine(s, 1, 10) <= 1 for s in range(10))
+    assert warmup_cosine(0, 1, 1) == 0.5 and warmup_cosine(9, 0, 10) > 0   # the last step too
+
+
+def test_a_one_step_finetune_changes_every_trained_weight(tiny_model_dir, tiny_tokenizer):
+    start = load_model(tiny_model_dir).state_dict()
+    model, _, log = _fit(tiny_model_dir, tiny_tokenizer, _spec(epochs=1, global_batch=len(EXAMPLES)))
+    assert len(log.curve) == 1 and log.curve[0]["lr"] == pytest.approx(0.5e-3)   # warmup 1 step: half the rate
+    moved = [n for n, v in model.state_dict().items() if not torch.equal(v, start[n])]
+    assert moved and "model.embed_tokens.weight" in moved
 
 
 def test_gradient_accumulation_matches_the_full_batch(tiny_model_dir, tiny_tokenizer):
