@@ -183,6 +183,26 @@ def test_masked_delta_counts_and_kinds(tmp_path):
     assert torch.equal(out["model.norm.weight"], delta["model.norm.weight"].masked_fill(ref["model.norm.weight"], 0.0))
 
 
+@pytest.mark.parametrize("kind", ["diagonal", "kfac", "random"])
+def test_scores_spilled_to_disk_give_the_same_bytes(tmp_path, kind):
+    g = torch.Generator().manual_seed(4)
+    w = "model.layers.0.mlp.up_proj.weight"
+    delta = {w: torch.randn(6, 4, generator=g), "model.norm.weight": torch.randn(4, generator=g),
+             "model.embed_tokens.weight": torch.randn(5, 4, generator=g)}
+    fisher = {k: torch.rand(v.shape, generator=g) for k, v in delta.items()}
+    U, _ = torch.linalg.qr(torch.randn(6, 6, generator=g))
+    Vm, _ = torch.linalg.qr(torch.randn(4, 4, generator=g))
+    dr, fr = _write(tmp_path, "d.safetensors", delta), _write(tmp_path, "f.safetensors", fisher)
+    kfac = _write(tmp_path, "kfac.safetensors", {f"{w}.P_eigvecs": U, f"{w}.P_eigvals": torch.rand(6, generator=g),
+                                                 f"{w}.Q_eigvecs": Vm, f"{w}.Q_eigvals": torch.rand(4, generator=g)})
+    stats = {}
+    for where, share in (("memory", 0.25), ("disk", 0.0)):
+        stats[where] = write_masked_delta(MaskPlan(kind, dr, fr, kfac, seed=1), 0.3, tmp_path / where, share)
+        assert sorted(p.name for p in (tmp_path / where).iterdir()) == ["model.safetensors"]   # spill file gone
+    assert stats["memory"] == stats["disk"] and stats["disk"]["masked"] == top_rho_count(48, 0.3) == 14
+    assert (tmp_path / "memory/model.safetensors").read_bytes() == (tmp_path / "disk/model.safetensors").read_bytes()
+
+
 def test_random_scores_are_seeded_per_tensor():
     assert torch.equal(random_scores("a", [5], 1), random_scores("a", [5], 1))
     assert not torch.equal(random_scores("a", [5], 1), random_scores("b", [5], 1))
