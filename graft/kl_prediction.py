@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from graft.merging import MaskPlan, diagonal_score
-from graft.tensors import TensorReader
+from graft.tensors import TensorReader, all_finite
 
 
 def quadratic_forms(delta: TensorReader, fisher: TensorReader, kfac: TensorReader) -> dict[str, float]:
@@ -31,7 +31,7 @@ def quadratic_forms(delta: TensorReader, fisher: TensorReader, kfac: TensorReade
     diag = kron = sq = 0.0
     for name in delta.ordered_names():
         d = delta.get(name)
-        if not torch.isfinite(d).all():
+        if not all_finite(d):
             raise FloatingPointError(f"tensor {name} of the delta: NaN or Inf")
         diag += float(diagonal_score(plan.fisher_tensor(name), d, name).double().sum())
         kron += float(plan.scores(name, d).double().sum())

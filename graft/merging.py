@@ -9,24 +9,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 import torch
 
 from graft.kfac import kfac_project, kfac_scores
-from graft.selection import select_top_k, top_rho_count
-from graft.tensors import (INDEX, CheckpointError, TensorReader, check_compatible, copy_model_files, read_json,
-                           write_like)
+from graft.selection import ScoreStore, select_top_k, top_rho_count
+from graft.tensors import (INDEX, CheckpointError, TensorReader, all_finite, check_compatible, copy_model_files,
+                           read_json, write_like)
 
 MASK_KINDS = ("none", "diagonal", "kfac", "random")
+MERGE_BLOCK = 1 << 22   # elements per block of rows a merge computes at once (16 MB in fp32)
 
 
 def tensor_delta(ft: torch.Tensor, base: torch.Tensor, name: str) -> torch.Tensor:
     if ft.shape != base.shape:
         raise CheckpointError(f"tensor {name}: shape {list(ft.shape)} vs {list(base.shape)}")
     d = ft.float() - base.float()
-    if not torch.isfinite(d).all():
+    if not all_finite(d):
         raise FloatingPointError(f"tensor {name}: delta has NaN or Inf")
     return d
 
@@ -75,7 +77,7 @@ def diagonal_score(f: torch.Tensor | None, d: torch.Tensor, name: str) -> torch.
         raise CheckpointError(f"tensor {name}: no Fisher entry")
     if f.shape != d.shape:
         raise CheckpointError(f"tensor {name}: Fisher shape {list(f.shape)} vs delta {list(d.shape)}")
-    if not torch.isfinite(f).all():
+    if not all_finite(f):
         raise FloatingPointError(f"tensor {name}: Fisher has NaN or Inf")
     return f.float() * d.float().pow(2)
 
@@ -152,7 +154,8 @@ class MaskPlan:
         return d.float().masked_fill(drop, 0.0)
 
 
-def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[str, float]:
+def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path, score_memory_share: float = 0.25
+                       ) -> dict[str, float]:
     """Stream M_rho(delta) into ``out_dir`` (sharded like the delta): exactly floor(rho * N) directions (entries or
     KFAC eigen-directions) with the highest scores are removed; ties go to the earliest position in the delta's
     streaming order (``TensorReader.ordered_names``, row-major). Returns counts, the share of the kind's own score
@@ -160,27 +163,34 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[
     Fisher, the update's Fisher-weighted size in one (diagonal) metric for every kind, as fractions of sum F delta^2:
     ``fisher_share_removed`` = sum F (delta - M(delta))^2 and ``fisher_share_kept`` = sum F M(delta)^2. They add up to
     1 for entry masks (diagonal, random); a KFAC projection is not orthogonal in this metric, so there they need not
-    (the kept share is what the diagonal approximation says the old task feels)."""
+    (the kept share is what the diagonal approximation says the old task feels). The scores are kept in memory when
+    they take under ``score_memory_share`` of the memory available, else in a spill file inside ``out_dir`` that is
+    removed before returning: the bytes written are the same either way."""
     names = plan.delta.ordered_names()
     total = sum(_numel(plan.delta.shape(n)) for n in names)
     k = top_rho_count(total, rho) if plan.kind != "none" else 0
     if plan.kind != "none" and rho > 0 and k == 0:   # the "masked" graft would silently be the unmasked one
         raise ValueError(f"rho {rho} masks floor(rho x {total}) = 0 of the delta's {total} directions: the {plan.kind} "
                          f"mask would remove nothing; use a larger value in sweep.rhos")
-    # The marking pass of the selection reads each delta tensor and scores it just before its mask is yielded, and
-    # the writer asks for that same tensor next: keep both so neither is read or scored twice.
-    current: dict[str, object] = {}
+    # Each tensor is scored once (the delta and the Fisher or KFAC eigenbasis read once for it) and its scores kept;
+    # the selection's passes read them back, and the writer reads the delta again only to mask it.
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store = ScoreStore(total, out_dir / ".scores.spill", score_memory_share)
+    scored = False
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
+        nonlocal scored
         for name in names:
-            d = plan.delta.get(name).float()
-            current.update(name=name, delta=d, scores=plan.scores(name, d))
-            yield name, current["scores"]
+            if not scored:
+                store.put(name, plan.scores(name, plan.delta.get(name).float()))
+            yield name, store.get(name)
+        scored = True
 
     if k == 0:  # nothing to select: skip scoring entirely (kind none needs no Fisher)
         selection = iter([(n, torch.zeros(plan.delta.shape(n), dtype=torch.bool)) for n in names])
     else:
-        selection = select_top_k(stream, k)
+        selection = select_top_k(stream, k, checked=True)
     stats = {"entries": total, "masked": 0, "score_total": 0.0, "score_masked": 0.0}
     fisher_total = fisher_removed = fisher_kept = 0.0
 
@@ -188,23 +198,27 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path) -> dict[
         nonlocal fisher_total, fisher_removed, fisher_kept
         sel_name, drop = next(selection)
         assert sel_name == name
+        d = plan.delta.get(name).float()
         if k > 0:
-            assert current["name"] == name
-            d, s = current["delta"], current["scores"]
+            s = store.get(name)
             stats["score_total"] += float(s.double().sum())
             stats["score_masked"] += float(s.double()[drop].sum())
-        else:
-            d = plan.delta.get(name).float()
         stats["masked"] += int(drop.sum())
         kept = plan.project(name, d, drop)
         if plan.fisher is not None:
-            f = plan.fisher_tensor(name).double()
-            fisher_total += float((f * d.double() ** 2).sum())
-            fisher_removed += float((f * (d.double() - kept.double()) ** 2).sum())
-            fisher_kept += float((f * kept.double() ** 2).sum())
+            f, d64 = plan.fisher_tensor(name).double(), d.double()
+            fd2 = f * d64 ** 2
+            fisher_total += float(fd2.sum())
+            if name in plan.kfac_names:   # a projection: the kept update is not the delta with entries zeroed
+                fisher_removed += float((f * (d64 - kept.double()) ** 2).sum())
+                fisher_kept += float((f * kept.double() ** 2).sum())
+            else:   # entries zeroed: the same terms as above, elementwise, without recomputing them
+                fisher_removed += float(fd2.masked_fill(~drop, 0.0).sum())
+                fisher_kept += float(fd2.masked_fill(drop, 0.0).sum())
         return kept
 
-    write_like(plan.delta, out_dir, torch.float32, produce)
+    with store:
+        write_like(plan.delta, out_dir, torch.float32, produce)
     stats["score_share_masked"] = stats["score_masked"] / stats["score_total"] if stats["score_total"] else 0.0
     if plan.fisher is not None:
         stats["fisher_share_removed"] = fisher_removed / fisher_total if fisher_total else 0.0
@@ -236,7 +250,7 @@ def merge_tensor(post: torch.Tensor, delta: torch.Tensor, keep: torch.Tensor | N
 
 def check_merged_finite(name: str, merged: torch.Tensor) -> torch.Tensor:
     """A merged tensor in its own dtype must be finite (fp16 overflows at 65504 where the fp32 arithmetic did not)."""
-    if merged.is_floating_point() and not bool(torch.isfinite(merged).all()):
+    if not all_finite(merged):
         raise FloatingPointError(f"tensor {name}: the merged weights overflow {merged.dtype} (NaN or Inf); merge "
                                  "into a wider dtype or lower lambda")
     return merged
@@ -256,11 +270,24 @@ def merge_into_dir(post_dir: str | Path, delta_path: str | Path, lam: float, out
                 raise CheckpointError(f"tensor {name}: post shape {post.shape(name)} vs delta {delta.shape(name)}")
         rule = combine or (lambda name, w, d: merge_tensor(w, d, None, lam))
 
-        def produce(name: str) -> torch.Tensor:
-            d = delta.get(name)
-            if d.is_floating_point() and not bool(torch.isfinite(d).all()):
+        def merged(name: str, w: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+            if combine is not None and not all_finite(d):
                 raise FloatingPointError(f"tensor {name}: {delta_path} has NaN or Inf")
-            return check_merged_finite(name, rule(name, post.get(name), d))
+            out = rule(name, w, d)
+            # post + lam * d is finite only if d is: one check of the result, and the delta's only to say which
+            if not all_finite(out) and not all_finite(d):
+                raise FloatingPointError(f"tensor {name}: {delta_path} has NaN or Inf")
+            return check_merged_finite(name, out)
+
+        def produce(name: str):
+            shape = post.shape(name)
+            if combine is not None or len(shape) < 2:
+                return merged(name, post.get(name), delta.get(name))
+            # the default rule is elementwise: blocks of rows give the same bytes with a block in memory, not a
+            # tensor (the embedding of a large vocabulary is the largest tensor by far)
+            step = max(1, MERGE_BLOCK // max(1, math.prod(shape[1:])))
+            return (merged(name, post.rows(name, i, i + step), delta.rows(name, i, i + step))
+                    for i in range(0, shape[0], step))
 
         write_like(post, out_dir, None, produce)
         if (Path(post_dir) / INDEX).exists():  # keep the post model's own index metadata (e.g. total_size)

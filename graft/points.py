@@ -22,7 +22,7 @@ import torch
 
 from graft.merging import check_merged_finite, merge_tensor, same_tensors
 from graft.sweep import run_tag
-from graft.tensors import CheckpointError, TensorReader
+from graft.tensors import CheckpointError, TensorReader, all_finite
 
 
 DIAGNOSTIC = "base_to_post"                  # the method name of interpolation points (not on any frontier)
@@ -125,7 +125,7 @@ def point_tensors(model: str | Path, delta: str | Path | None, lam: float | None
                 if m.shape(name) != d.shape(name):
                     raise CheckpointError(f"tensor {name}: {model} shape {m.shape(name)} vs delta {d.shape(name)}")
                 dt = d.get(name)
-                if not torch.isfinite(dt).all():
+                if not all_finite(dt):
                     raise FloatingPointError(f"tensor {name} of {delta}: NaN or Inf")
                 yield name, check_merged_finite(name, merge_tensor(m.get(name), dt, None, float(lam)))
 

@@ -111,6 +111,27 @@ def test_merge_preserves_shards(tmp_path, tiny_tokenizer):
     load_model(out)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_merge_in_row_blocks_writes_the_bytes_of_whole_tensors(tmp_path, tiny_tokenizer, monkeypatch, dtype):
+    import graft.merging
+
+    post = _save(new_model(qwen3_config(tiny_tokenizer, TINY_SHAPE, 64), 1).to(dtype), tiny_tokenizer,
+                 tmp_path / "post")
+    g = torch.Generator().manual_seed(0)
+    delta = {k: torch.randn(v.shape, generator=g) * 1e-2 for k, v in TensorReader(post).items()}
+    save_tensors(tmp_path / "d.safetensors", delta)
+    outs = {}
+    for block in (1 << 22, 7, 1):   # one block per tensor; uneven blocks of rows; one row at a time
+        monkeypatch.setattr(graft.merging, "MERGE_BLOCK", block)
+        out = outs[block] = tmp_path / f"out{block}"
+        out.mkdir()
+        merge_into_dir(post, tmp_path / "d.safetensors", 0.7, out)
+    whole = {k: merge_tensor(w, delta[k], None, 0.7) for k, w in TensorReader(post).items()}
+    assert all(torch.equal(v, whole[k]) for k, v in TensorReader(outs[1 << 22]).items())
+    for block in (7, 1):
+        assert (outs[block] / "model.safetensors").read_bytes() == (outs[1 << 22] / "model.safetensors").read_bytes()
+
+
 def test_mismatched_checkpoints_are_refused(tmp_path, tiny_tokenizer):
     a = _save(new_model(qwen3_config(tiny_tokenizer, TINY_SHAPE, 64), 0), tiny_tokenizer, tmp_path / "a")
     wider = dict(TINY_SHAPE, intermediate_size=96)
