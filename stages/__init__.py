@@ -2,3 +2,5 @@
 
 Each loads its params section(s), calls pure functions from ``graft``, and writes its outputs atomically.
 """
+
+import graft  # noqa: F401,E402  first: sets the OpenMP wait policy before a stage imports torch (graft.openmp)
