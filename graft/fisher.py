@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Callable, Sequence, TypeVar
 
 import torch
-from torch.func import functional_call, grad, vmap
 from tqdm import tqdm
 
 Reduce = Callable[[torch.Tensor], None]   # in-place sum over processes
@@ -51,6 +50,8 @@ def rollout_batch(rollouts: Sequence[tuple[Sequence[int], Sequence[int]]], pad_i
 def _mean_loglik(model: torch.nn.Module, params: dict[str, torch.Tensor], ids: torch.Tensor, w: torch.Tensor
                  ) -> torch.Tensor:
     """Per-token-normalised log-likelihood of one right-padded rollout (causal: padding never leaks left)."""
+    from torch.func import functional_call   # torch.func loads ~1 s of modules: only the Fisher needs it
+
     logits = functional_call(model, params, (ids[None],), {"use_cache": False}).logits[0, :-1].float()
     logp = torch.log_softmax(logits, -1).gather(-1, ids[1:, None])[:, 0]
     return (logp * w[1:]).sum()
@@ -68,6 +69,8 @@ def estimate_diag_fisher(model: torch.nn.Module, rollouts: Sequence[tuple[Sequen
         raise ValueError("estimate_diag_fisher: no rollouts")
     model.eval()
     fisher = {k: torch.zeros(v.shape, dtype=torch.float32, device=dev) for k, v in params.items()}
+    from torch.func import grad, vmap
+
     per_sample = vmap(grad(lambda p, x, w: _mean_loglik(model, p, x, w)), in_dims=(None, 0, 0))
     for start in tqdm(range(0, len(rollouts), chunk), desc="fisher", mininterval=2.0):
         ids, w = rollout_batch(rollouts[start: start + chunk], pad_id)
@@ -110,6 +113,8 @@ def directional_fisher(model: torch.nn.Module, rollouts: Sequence[tuple[Sequence
     dev = next(iter(params.values())).device
     d = {k: direction[k].to(dev, torch.float64) for k in params}
     model.eval()
+    from torch.func import grad, vmap
+
     per_sample = vmap(grad(lambda p, x, w: _mean_loglik(model, p, x, w)), in_dims=(None, 0, 0))
     total = 0.0
     for start in range(0, len(rollouts), chunk):

@@ -11,8 +11,6 @@ import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 
-from math_verify import parse, verify
-
 from graft.chat import AnswerFormat, ChatSpec, ParsedResponse, parse_response
 
 # math: math-verify equivalence; fact: exact match after normalising; contains: the normalised gold answer appears as
@@ -38,6 +36,8 @@ def last_number(sentence: str) -> str | None:
 @lru_cache(maxsize=65536)
 def _parsed(text: str):
     # A bare answer like "45" or "3/4" is parsed as math; wrapping in $...$ lets math-verify read LaTeX too.
+    from math_verify import parse   # here, not at import: it loads sympy (seconds), and params loading imports us
+
     return parse(f"${text}$")
 
 
@@ -51,6 +51,8 @@ def math_equal(pred: str, gold: str, sentence: bool = False) -> bool:
     g, p = _parsed(gold), _parsed(pred)
     if not g or not p:
         return False
+    from math_verify import verify
+
     return bool(verify(g, p))
 
 

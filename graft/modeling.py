@@ -14,12 +14,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config
 
 from graft.family_chat import CHAT_TEMPLATE_JINJA, EOS, IM_END, PAD, SPECIAL_TOKENS
+from graft.params import DEVICES
 from graft.tensors import CheckpointError, read_json
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def resolve_device(name: str) -> torch.device:

@@ -45,6 +45,7 @@ POS_INT = Field(INT, positive, "> 0")
 NONNEG_INT = Field(INT, nonneg, ">= 0")
 POS_NUM = Field(NUM, positive, "> 0")
 SEED = NONNEG_INT
+DEVICES = ("auto", "cpu", "cuda")   # compute.device (graft.modeling.resolve_device)
 DTYPE = Field(STR, lambda s: s in ("float32", "bfloat16", "float16"), "one of float32, bfloat16, float16")
 
 class Section(dict):

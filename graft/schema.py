@@ -5,11 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from graft.params import (BOOL, DTYPE, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError, Section,
-                          nonneg, positive, read_yaml, unit_open, validate_sections)
+from graft.params import (BOOL, DEVICES, DTYPE, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError,
+                          Section, nonneg, positive, read_yaml, unit_open, validate_sections)
 from graft.chat import FORMATS, SWITCHES
 from graft.grading import GRADERS
-from graft.modeling import DEVICES
 from graft.schema_world import WORLD_SCHEMA, check_world
 from graft.tables import MESSAGES, mappable_columns
 

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:   # pandas loads when a table is read, not when params are (every stage imports this module)
+    import pandas as pd
 
 # name -> (column -> pandas kind: "O" text, "i" integer, "f" float, "b" bool)
 SCHEMAS: dict[str, dict[str, str]] = {
@@ -49,6 +51,8 @@ def read_table(path: str | Path, schema: str) -> pd.DataFrame:
 
 
 def read_parquet(path: str | Path) -> pd.DataFrame:
+    import pandas as pd
+
     try:
         return pd.read_parquet(path)
     except Exception as e:  # pyarrow raises several types for a corrupt file
