@@ -26,7 +26,9 @@ from graft.schema import load_all
 LAMS = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
 
 
-def main() -> None:
+def measure_sweep() -> dict:
+    """The 6-point sweep both ways (part 1); the wall times, the engine start, whether the samples agree, and what
+    part 2 needs."""
     p = load_all()
     ev, gen, models = p["evaluate"], p["generation"], p["models"]
     run = f"lr{p['finetune'].lrs[0]}_ep{p['sweep'].epochs[0]}"
@@ -68,9 +70,19 @@ def main() -> None:
     shared_s = time.perf_counter() - t0
 
     same = all(per_point[lam][2].equals(shared[lam][2]) for lam in LAMS)
-    print(f"{len(LAMS)}-point lambda sweep ({len(new_task.problems)} new-task problems + "
-          f"{sum(len(s.problems) for s in suites.values())} "
-          f"old-task problems, n={ev.n_samples} each):")
+    return {"per_point_s": per_point_s, "shared_s": shared_s, "start_s": start_s, "same": same, "shared": shared,
+            "problems": (len(new_task.problems), sum(len(s.problems) for s in suites.values())),
+            "n_samples": ev.n_samples, "vllm": vllm, "score": score, "p": p, "fmt": fmt}
+
+
+def main() -> None:
+    m = measure_sweep()
+    per_point_s, shared_s, start_s, same, shared = (m[k] for k in ("per_point_s", "shared_s", "start_s", "same",
+                                                                    "shared"))
+    vllm, score, fmt, gen, models = m["vllm"], m["score"], m["fmt"], m["p"]["generation"], m["p"]["models"]
+    new_n, old_n = m["problems"]
+    print(f"{len(LAMS)}-point lambda sweep ({new_n} new-task problems + {old_n} old-task problems, "
+          f"n={m['n_samples']} each):")
     print(f"  one engine per point: {per_point_s:.1f} s   shared engine: {shared_s:.1f} s (engine start "
           f"{start_s:.1f} s once)   ratio {per_point_s / shared_s:.2f}x   identical samples: {same}")
     for lam in LAMS:

@@ -1,0 +1,90 @@
+"""The benchmark suite: every goal of the performance issue as a ratio of two times measured in the same run.
+
+    python -m benchmarks                      # everything: 135m and 1b sizes, load, sweep, pipeline (about an hour)
+    python -m benchmarks --sizes 135m --skip pipeline load
+    python -m benchmarks --dry-run            # the toy model only, every row that runs at that size (seconds)
+
+Writes benchmarks/results.json (rows, machine, load average during the run) and prints the BENCHMARKS.md table.
+mergekit runs from its own environment: ./benchmarks/setup_mergekit.sh first (its row says so otherwise).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from benchmarks.common import LoadSampler, Row, machine, markdown
+
+PARTS = ("fisher", "mask", "merge", "mergekit", "opsd", "sweep", "load", "pipeline")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", nargs="+", default=["135m", "1b"], choices=["toy", "135m", "1b"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=PARTS)
+    ap.add_argument("--dry-run", action="store_true", help="the toy model only; no sweep, load or pipeline rows")
+    ap.add_argument("--out", default="benchmarks/results.json")
+    ap.add_argument("--work", default=".graft/bench", help="where models and inputs are built (git-ignored)")
+    args = ap.parse_args()
+    sizes, skip = (["toy"], set(args.skip) | {"sweep", "load", "pipeline", "mergekit"}) if args.dry_run else \
+        (args.sizes, set(args.skip))
+    from benchmarks import sizes as S
+
+    S.set_root(args.work)
+    rows: list[Row] = []
+    started = time.perf_counter()
+
+    def add(new: list[Row]) -> None:
+        for r in new:
+            rows.append(r)
+            print(json.dumps(r.as_dict()), flush=True)
+
+    with LoadSampler() as load:
+        for name in sizes:
+            size = S.SIZES[name]()
+            eigen = None
+            if "fisher" not in skip:
+                from benchmarks.fisher_rows import fisher_rows
+
+                new, eigen = fisher_rows(size, check=name != "1b")
+                add(new)
+            if not {"mask", "merge"} <= skip:
+                ft, delta = S.finetuned_and_delta(size)
+                if "mask" not in skip:
+                    from benchmarks.tensor_rows import mask_rows
+
+                    fisher = S.diagonal_fisher(size, delta)
+                    add(mask_rows(size, delta, fisher, S.kfac_file(size, delta, eigen)))
+                if "merge" not in skip:
+                    from benchmarks.tensor_rows import merge_rows
+
+                    add(merge_rows(size, ft, delta, mergekit="mergekit" not in skip))
+            if "opsd" not in skip and name in ("toy", "135m"):
+                from benchmarks.step_rows import opsd_row
+
+                add([opsd_row(size)])
+        if "sweep" not in skip:
+            from benchmarks.eval_sweep import measure_sweep
+
+            m = measure_sweep()
+            add([Row("evaluating a 6-point sweep", "toy", "one engine per point", m["shared_s"], m["per_point_s"],
+                     ">= 3x", note=f"shared engine (start {m['start_s']:.1f} s once); identical samples: "
+                                   f"{m['same']}")])
+        if "load" not in skip:
+            from benchmarks.load_rows import load_rows
+
+            add(load_rows())
+        if "pipeline" not in skip:
+            from benchmarks.pipeline_rows import pipeline_rows
+
+            add(pipeline_rows())
+    result = {"machine": machine(), "load_average": load.summary(), "wall_s": round(time.perf_counter() - started, 1),
+              "argv": {"sizes": sizes, "skip": sorted(skip)}, "rows": [r.as_dict() for r in rows]}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\n{markdown(result['rows'])}\n\nmachine: {result['machine']}\nload average during the run: "
+          f"{result['load_average']}\nwall time {result['wall_s']} s; written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Mask and merge rows, on files on local disk.
+
+mask    the mask stage itself (``python -m stages.mask``, start-up included) against one streaming read of the
+        tensors it needs (delta and diagonal Fisher; for KFAC also the eigenbasis), in this process
+merge   graft.merging.merge_into_dir (what the export and merge stages run) against the I/O floor (read post and the
+        delta, write post's bytes through the same writer, no math), and against mergekit's task_arithmetic on the
+        same post and finetuned model: time, private memory, and elements off the exact fp32 merge
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import yaml
+
+from benchmarks.common import PrivatePeak, Row, timed
+from benchmarks.sizes import Size, post_dtype, work_dir
+from graft.merging import merge_into_dir
+from graft.tensors import TensorReader, dtype_of, write_like
+
+REPO = Path(__file__).resolve().parents[1]
+MERGEKIT = REPO / ".graft/bench/mergekit-venv/bin/mergekit-yaml"   # benchmarks/setup_mergekit.sh
+RHO, LR, EPOCH = 0.01, 0.0001, 10
+
+
+def _read_all(*paths: Path, only=lambda name: True) -> int:
+    total = 0
+    for path in paths:
+        with TensorReader(path) as r:
+            for name in r.names():
+                if only(name):
+                    total += r.get(name).numel()
+    return total
+
+
+def _sandbox(size: Size, delta: Path, fisher: Path, kfac: Path) -> Path:
+    """A folder laid out as the pipeline lays it out, the inputs hard-linked (no copy), params.yaml the repo's with
+    the run's rho, lr and epoch."""
+    box = Path(tempfile.mkdtemp(prefix="mask-", dir=work_dir(size)))
+    d = box / f"tensors/delta/graft_lr{LR}_ep{EPOCH}"
+    d.mkdir(parents=True)
+    for f in delta.iterdir():
+        os.link(f, d / f.name)
+    (box / "tensors/fisher/retention").mkdir(parents=True)
+    os.link(fisher, box / "tensors/fisher/retention/diagonal.safetensors")
+    os.link(kfac, box / "tensors/fisher/retention/kfac.safetensors")
+    p = yaml.safe_load((REPO / "params.yaml").read_text())
+    p["finetune"]["lrs"], p["sweep"]["rhos"], p["sweep"]["epochs"] = [LR], [RHO], [EPOCH]
+    (box / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    return box
+
+
+def mask_rows(size: Size, delta: Path, fisher: Path, kfac: Path) -> list[Row]:
+    rows = []
+    box = _sandbox(size, delta, fisher, kfac)
+    try:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        for kind in ("diagonal", "kfac"):
+            eigen_parts = ("P_eigvecs", "P_eigvals", "Q_eigvecs", "Q_eigvals") if kind == "kfac" else ()
+            files = [delta, fisher] + ([kfac] if kind == "kfac" else [])
+            only = lambda n: not n.endswith((".P", ".Q"))   # the mask never reads the factors themselves
+            _read_all(*files, only=only)                   # warm the page cache for both
+            warm_s, entries = timed(lambda: _read_all(*files, only=only))
+            reader = [sys.executable, "-m", "benchmarks.read_tensors", "--skip-factors", *map(str, files)]
+            read_s, _ = timed(lambda: subprocess.run(reader, cwd=REPO, check=True, capture_output=True))
+            cmd = [sys.executable, "-m", "stages.mask", "--kind", kind, "--rho", str(RHO), "--lr", str(LR),
+                   "--epoch", str(EPOCH)]
+            stage_s, r = timed(lambda: subprocess.run(cmd, cwd=box, env=env, capture_output=True, text=True))
+            if r.returncode:
+                raise SystemExit(f"mask stage failed:\n{r.stderr[-3000:]}")
+            with TensorReader(delta) as dr:
+                n = sum(torch.Size(dr.shape(k)).numel() for k in dr.names())
+            read = "delta + diagonal Fisher" + (" + KFAC eigenbases" if eigen_parts else "")
+            rows.append(Row(f"exact global top-rho mask ({kind}), whole stage", size.name,
+                            f"one streaming read of the {read}, in a fresh process", stage_s, read_s, "<= 3x",
+                            note=f"rho {RHO} of {n / 1e6:.0f}M entries; both start a Python process and torch; "
+                                 f"the read alone, in this process, {warm_s:.2f} s",
+                            extra={"read_in_process_s": round(warm_s, 3)}))
+            shutil.rmtree(box / "tensors/masked", ignore_errors=True)
+    finally:
+        shutil.rmtree(box, ignore_errors=True)
+    return rows
+
+
+def io_floor(post: Path, delta: Path, out: Path) -> float:
+    """Read post and the delta tensor by tensor, write post's bytes through the same streaming writer."""
+    def run():
+        out.mkdir(parents=True)
+        with TensorReader(post) as p, TensorReader(delta) as d:
+            write_like(p, out, None, lambda n: (d.get(n), p.get(n))[1])
+    seconds, _ = timed(run)
+    return seconds
+
+
+def _elements_off(result: Path, reference: Path) -> tuple[int, int, float]:
+    """(elements that differ, elements, largest absolute difference) between two model directories."""
+    off = total = 0
+    worst = 0.0
+    with TensorReader(result) as a, TensorReader(reference) as b:
+        for name in b.names():
+            x, y = a.get(name).float(), b.get(name).float()
+            off += int((x != y).sum())
+            total += y.numel()
+            worst = max(worst, float((x - y).abs().max()))
+    return off, total, worst
+
+
+def merge_rows(size: Size, ft: Path, delta: Path, lam: float = 0.5, mergekit: bool = True) -> list[Row]:
+    w = work_dir(size)
+    for d in ("floor", "merged", "mergekit"):
+        shutil.rmtree(w / d, ignore_errors=True)
+    _read_all(size.post, delta)   # warm cache, as for every competitor below
+    floor = io_floor(size.post, delta, w / "floor")
+    (w / "merged").mkdir()
+    with PrivatePeak() as mem:
+        ours, _ = timed(lambda: merge_into_dir(size.post, delta, lam, w / "merged"))
+    with TensorReader(size.post) as p:
+        largest = max(torch.Size(p.shape(n)).numel() for n in p.names()) * 4 / 2**20   # fp32 MB
+    dtype = str(post_dtype(size)).removeprefix("torch.")
+    rows = [Row("merge / export of post + lam * M(delta)", size.name, "the I/O floor: read post and delta, write "
+                "the result, no math", ours, floor, "<= 1.43x",
+                note=f"{dtype} post, fp32 delta, fp32 math; 1.43x = 0.7x the floor's speed; private memory "
+                     f"{mem.peak:.0f} MB, largest tensor {largest:.0f} MB in fp32",
+                extra={"private_mb": round(mem.peak, 1), "largest_tensor_fp32_mb": round(largest, 1)})]
+    if mergekit:
+        rows.append(_mergekit_row(size, ft, lam, ours, w, largest, dtype))
+    shutil.rmtree(w / "floor", ignore_errors=True)
+    return rows
+
+
+def _mergekit_row(size: Size, ft: Path, lam: float, ours: float, w: Path, largest: float, dtype: str) -> Row:
+    if not MERGEKIT.exists():
+        return Row("merge / export", size.name, "mergekit task_arithmetic on identical inputs", ours, None,
+                   ">= 2.5x", note="not run: benchmarks/setup_mergekit.sh makes its environment")
+    cfg = {"merge_method": "task_arithmetic", "base_model": str(size.post.resolve()),
+           "models": [{"model": str(ft.resolve()), "parameters": {"weight": lam}}],
+           "parameters": {"normalize": False}, "dtype": "float32", "out_dtype": dtype}
+    (w / "mergekit.yml").write_text(yaml.safe_dump(cfg))
+    cmd = [str(MERGEKIT), str(w / "mergekit.yml"), str(w / "mergekit"), "--no-copy-tokenizer", "--lazy-unpickle",
+           "--out-shard-size", "800M"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    run = lambda: subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc_s, r = timed(run)   # warm-up run: its own imports and the page cache
+    shutil.rmtree(w / "mergekit", ignore_errors=True)
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with PrivatePeak(p.pid) as mem:
+        secs, (out, err) = timed(p.communicate)
+    if p.returncode:
+        return Row("merge / export", size.name, "mergekit task_arithmetic on identical inputs", ours, None,
+                   ">= 2.5x", note=f"mergekit failed: {err.strip().splitlines()[-1] if err.strip() else p.returncode}")
+    off, total, worst = _elements_off(w / "mergekit", w / "merged")
+    return Row("merge / export", size.name, "mergekit 0.1.5 task_arithmetic (dtype float32) on identical inputs",
+               ours, secs, ">= 2.5x",
+               note=f"mergekit process wall time incl. start-up; its private memory {mem.peak:.0f} MB; "
+                    f"{off / total:.2%} of its elements differ from the exact fp32 merge (largest {worst:.2g})",
+               extra={"mergekit_private_mb": round(mem.peak, 1), "mergekit_elements_off": off, "elements": total})

@@ -1,0 +1,30 @@
+"""The benchmark suite cannot rot: its dry run (`python -m benchmarks --dry-run`, the toy model) produces every row
+that runs at that size, with both times measured, and writes results.json. No time is asserted (BENCHMARKS.md)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def test_benchmark_dry_run_writes_every_row(tmp_path):
+    out = tmp_path / "results.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "--dry-run", "--out", str(out), "--work",
+                        str(tmp_path / "bench")], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = {row["what"]: row for row in result["rows"]}
+    assert {"diagonal Fisher, per rollout", "diagonal Fisher vs the naive per-rollout reference",
+            "KFAC factors, per rollout", "KFAC eigendecompositions",
+            "exact global top-rho mask (diagonal), whole stage", "exact global top-rho mask (kfac), whole stage",
+            "merge / export of post + lam * M(delta)", "OPSD step"} <= set(rows)
+    for row in rows.values():
+        assert row["met"] in (True, False) and row["reference"] > 0, row
+        if row["unit"] == "s":
+            assert row["measured"] > 0 and row["ratio"] > 0, row
+    # the vmapped diagonal Fisher equals one backward per rollout (a correctness row, not a speed one)
+    assert rows["diagonal Fisher vs the naive per-rollout reference"]["met"]
+    assert result["machine"]["cores"] >= 1 and result["load_average"]["samples"] >= 1
+    assert "| what | size | measured |" in r.stdout
