@@ -56,3 +56,19 @@ def test_every_stage_declares_every_module_it_imports():
 def test_the_import_walk_sees_function_level_imports(tmp_path):
     assert "graft/merging.py" in closure("stages/mask.py")
     assert "graft/fisher.py" in closure("graft/kfac.py")    # through graft.kfac's own import
+
+
+def test_the_committed_world_is_current_in_dvc_lock():
+    """A clone's `dvc repro` must find the committed toy world cached: it is rebuilt bitwise only on the CPU kind that
+    built it, so a code dep it declares and dvc.lock disagree on makes every user's first repro (and the real-model
+    test) rebuild it. After a change to a module the world imports that does not change what it computes:
+    `dvc commit -f world`; after one that does: `dvc repro -f world` and commit its outputs."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run(["dvc", "status", "world", "--json"], cwd=REPO, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout or "{}") == {}, f"dvc.lock's world entry is stale: {r.stdout}"
