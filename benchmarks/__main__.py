@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -35,10 +36,46 @@ def main() -> None:
     rows: list[Row] = []
     started = time.perf_counter()
 
+    def save(complete: bool) -> dict:
+        # written after every row: a part that fails or a run that is stopped keeps what was measured
+        result = {"machine": machine(), "load_average": load.summary(), "wall_s": round(time.perf_counter() - started, 1),
+                  "argv": {"sizes": sizes, "skip": sorted(skip)}, "complete": complete,
+                  "rows": [r.as_dict() for r in rows]}
+        tmp = Path(f"{args.out}.tmp")
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        tmp.replace(args.out)
+        return result
+
     def add(new: list[Row]) -> None:
         for r in new:
             rows.append(r)
             print(json.dumps(r.as_dict()), flush=True)
+        save(False)
+
+    def part(what: str, size: str, fn) -> None:
+        """One part; its failure is a row saying why, and the suite goes on."""
+        try:
+            add(fn())
+        except (Exception, SystemExit) as e:   # noqa: BLE001 - any failure of a part is reported, not fatal
+            text = str(e).strip()
+            add([Row(what, size, "", None, None, "", note=f"failed: {text.splitlines()[-1][:300] if text else repr(e)}")])
+
+    def sweep_rows() -> list[Row]:
+        from benchmarks.eval_sweep import measure_sweep
+
+        m = measure_sweep()
+        return [Row("evaluating a 6-point sweep", "toy", "one engine per point", m["shared_s"], m["per_point_s"],
+                    ">= 3x", note=f"shared engine (start {m['start_s']:.1f} s once); identical samples: {m['same']}")]
+
+    def sweep_in(clone: Path) -> list[Row]:
+        here = os.getcwd()
+        os.chdir(clone)   # measure_sweep reads params.yaml and the default outputs where it runs
+        try:
+            return sweep_rows()
+        except (Exception, SystemExit) as e:   # noqa: BLE001
+            return [Row("evaluating a 6-point sweep", "toy", "", None, None, "", note=f"failed: {e}")]
+        finally:
+            os.chdir(here)
 
     with LoadSampler() as load:
         for name in sizes:
@@ -47,41 +84,38 @@ def main() -> None:
             if "fisher" not in skip:
                 from benchmarks.fisher_rows import fisher_rows
 
-                new, eigen = fisher_rows(size, check=name != "1b")
-                add(new)
+                def fisher_part():
+                    nonlocal eigen
+                    new, eigen = fisher_rows(size, check=name != "1b")
+                    return new
+                part("Fisher rows", name, fisher_part)
             if not {"mask", "merge"} <= skip:
                 ft, delta = S.finetuned_and_delta(size)
                 if "mask" not in skip:
                     from benchmarks.tensor_rows import mask_rows
 
-                    fisher = S.diagonal_fisher(size, delta)
-                    add(mask_rows(size, delta, fisher, S.kfac_file(size, delta, eigen)))
+                    part("mask rows", name, lambda: mask_rows(size, delta, S.diagonal_fisher(size, delta),
+                                                              S.kfac_file(size, delta, eigen)))
                 if "merge" not in skip:
                     from benchmarks.tensor_rows import merge_rows
 
-                    add(merge_rows(size, ft, delta, mergekit="mergekit" not in skip))
+                    part("merge rows", name, lambda: merge_rows(size, ft, delta, mergekit="mergekit" not in skip))
             if "opsd" not in skip and name in ("toy", "135m"):
                 from benchmarks.step_rows import opsd_row
 
-                add([opsd_row(size)])
-        if "sweep" not in skip:
-            from benchmarks.eval_sweep import measure_sweep
-
-            m = measure_sweep()
-            add([Row("evaluating a 6-point sweep", "toy", "one engine per point", m["shared_s"], m["per_point_s"],
-                     ">= 3x", note=f"shared engine (start {m['start_s']:.1f} s once); identical samples: "
-                                   f"{m['same']}")])
+                part("OPSD step", name, lambda: [opsd_row(size)])
         if "load" not in skip:
             from benchmarks.load_rows import load_rows
 
-            add(load_rows())
+            part("load rows", "135m", load_rows)
         if "pipeline" not in skip:
             from benchmarks.pipeline_rows import pipeline_rows
 
-            add(pipeline_rows())
-    result = {"machine": machine(), "load_average": load.summary(), "wall_s": round(time.perf_counter() - started, 1),
-              "argv": {"sizes": sizes, "skip": sorted(skip)}, "rows": [r.as_dict() for r in rows]}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+            # the sweep runs on the pipeline clone's default outputs (a fresh workspace has none)
+            part("pipeline rows", "toy", lambda: pipeline_rows(sweep_in if "sweep" not in skip else None))
+        elif "sweep" not in skip:
+            part("evaluating a 6-point sweep", "toy", sweep_rows)
+    result = save(True)
     print(f"\n{markdown(result['rows'])}\n\nmachine: {result['machine']}\nload average during the run: "
           f"{result['load_average']}\nwall time {result['wall_s']} s; written to {args.out}")
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -25,13 +26,18 @@ def _run(cmd: list[str], cwd: Path) -> str:
     return r.stdout + r.stderr
 
 
-def pipeline_rows() -> list[Row]:
+def pipeline_rows(with_outputs: Callable[[Path], list[Row]] | None = None) -> list[Row]:
+    """The two rows; ``with_outputs(clone)``, when given, runs on the clone's default outputs between the two repros
+    (the sweep row needs them, and a fresh workspace has none) and its rows come first."""
     tmp = Path(tempfile.mkdtemp(prefix="graft-pipeline-"))
+    extra: list[Row] = []
     try:
         clone = tmp / "graft"
         _run(["git", "clone", "-q", str(REPO), str(clone)], tmp)
         full_s, log = timed(lambda: _run(["dvc", "repro"], clone))
         stages = len(re.findall(r"Running stage '", log))
+        if with_outputs is not None:
+            extra = with_outputs(clone)
         p = yaml.safe_load((clone / "params.yaml").read_text())
         lams = p["sweep"]["lams"]
         new = round((lams[-1] + lams[-2]) / 2, 4) if len(lams) > 1 else lams[0] / 2
@@ -41,7 +47,7 @@ def pipeline_rows() -> list[Row]:
         reran = sorted(set(re.findall(r"Running stage '([^']+)'", log1)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return [Row("default `dvc repro` end to end", "toy", "15 minutes", full_s, 900.0, "<= 1x",
+    return extra + [Row("default `dvc repro` end to end", "toy", "15 minutes", full_s, 900.0, "<= 1x",
                 note=f"fresh clone of HEAD, committed world reused, {stages} stages run, alone"),
             Row("`dvc repro` after adding one lambda", "toy", "the full default run", one_s, full_s, "<= 0.1x",
                 note=f"lambda {new} added; reran {', '.join(reran)}")]
