@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,21 +29,35 @@ def _env(spin: str) -> dict:
     return {**os.environ, "GOMP_SPINCOUNT": spin, "PYTHONPATH": str(REPO)}
 
 
+def _result(text: str, key: str) -> dict | None:
+    """load_work's JSON line: vLLM logs to stdout too, before and after it."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(f'{{"{key}"'):
+            return json.loads(line)
+    return None
+
+
 def _measure(work: str, model: Path, box: Path, spin: str) -> float:
     r = subprocess.run([sys.executable, "-m", "benchmarks.load_work", work, str(model), str(box)], cwd=REPO,
                        env=_env(spin), capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"load_work {work} failed:\n{r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])["seconds"]
+    found = _result(r.stdout, "seconds")
+    if r.returncode or found is None:
+        raise SystemExit(f"load_work {work} failed ({r.returncode}):\n{r.stdout[-1000:]}\n{r.stderr[-1000:]}")
+    return found["seconds"]
 
 
 def _start_load(kind: str, model: Path, spin: str) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-m", "benchmarks.load_work", LOADS[kind], str(model)], cwd=REPO,
                          env=_env(spin), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                          start_new_session=True)
-    line = p.stdout.readline()   # ready: the model is loaded (and the engine started); the load is running
-    if not line:
+    # ready: the model is loaded (and the engine started); the load is running. vLLM logs to stdout too: read up to
+    # the ready line, then keep draining so that a full pipe never stalls the load
+    for line in p.stdout:
+        if _result(line, "ready"):
+            break
+    else:
         raise SystemExit(f"the {kind} load did not start")
+    threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
     time.sleep(5)
     return p
 
