@@ -38,8 +38,9 @@ def main() -> None:
 
     def save(complete: bool) -> dict:
         # written after every row: a part that fails or a run that is stopped keeps what was measured
-        result = {"machine": machine(), "load_average": load.summary(), "wall_s": round(time.perf_counter() - started, 1),
-                  "argv": {"sizes": sizes, "skip": sorted(skip)}, "complete": complete,
+        result = {"machine": machine(), "load_average": load.summary(),
+                  "wall_s": round(time.perf_counter() - started, 1), "argv": {"sizes": sizes, "skip": sorted(skip)},
+                  "complete": complete,
                   "rows": [r.as_dict() for r in rows]}
         tmp = Path(f"{args.out}.tmp")
         tmp.write_text(json.dumps(result, indent=1) + "\n")
@@ -58,7 +59,8 @@ def main() -> None:
             add(fn())
         except (Exception, SystemExit) as e:   # noqa: BLE001 - any failure of a part is reported, not fatal
             text = str(e).strip()
-            add([Row(what, size, "", None, None, "", note=f"failed: {text.splitlines()[-1][:300] if text else repr(e)}")])
+            why = text.splitlines()[-1][:300] if text else repr(e)
+            add([Row(what, size, "", None, None, "", note=f"failed: {why}")])
 
     def sweep_rows() -> list[Row]:
         from benchmarks.eval_sweep import measure_sweep

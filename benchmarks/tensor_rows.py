@@ -163,7 +163,8 @@ def _mergekit_row(size: Size, ft: Path, lam: float, ours: float, w: Path, larges
                    ">= 2.5x", note=f"mergekit failed: {err.strip().splitlines()[-1] if err.strip() else p.returncode}")
     off, total, worst = _elements_off(w / "mergekit", w / "merged")
     return Row("merge / export, whole process", size.name,
-               "mergekit 0.1.5 task_arithmetic (dtype float32) on identical inputs, whole process", ours, secs, ">= 2.5x",
+               "mergekit 0.1.5 task_arithmetic (dtype float32) on identical inputs, whole process", ours, secs,
+               ">= 2.5x",
                note=f"both processes' wall time incl. start-up; mergekit's private memory {mem.peak:.0f} MB; "
                     f"{off / total:.2%} of its elements differ from the exact fp32 merge (largest {worst:.2g})",
                extra={"mergekit_private_mb": round(mem.peak, 1), "mergekit_elements_off": off, "elements": total})
