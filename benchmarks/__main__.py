@@ -53,14 +53,17 @@ def main() -> None:
             print(json.dumps(r.as_dict()), flush=True)
         save(False)
 
-    def part(what: str, size: str, fn) -> None:
-        """One part; its failure is a row saying why, and the suite goes on."""
+    def guarded(what: str, size: str, fn) -> list[Row]:
+        """One part's rows; its failure is a row saying why, and the suite goes on."""
         try:
-            add(fn())
+            return fn()
         except (Exception, SystemExit) as e:   # noqa: BLE001 - any failure of a part is reported, not fatal
             text = str(e).strip()
             why = text.splitlines()[-1][:300] if text else repr(e)
-            add([Row(what, size, "", None, None, "", note=f"failed: {why}")])
+            return [Row(what, size, "", None, None, "", note=f"failed: {why}")]
+
+    def part(what: str, size: str, fn) -> None:
+        add(guarded(what, size, fn))
 
     def sweep_rows() -> list[Row]:
         from benchmarks.eval_sweep import measure_sweep
@@ -73,9 +76,7 @@ def main() -> None:
         here = os.getcwd()
         os.chdir(clone)   # measure_sweep reads params.yaml and the default outputs where it runs
         try:
-            return sweep_rows()
-        except (Exception, SystemExit) as e:   # noqa: BLE001
-            return [Row("evaluating a 6-point sweep", "toy", "", None, None, "", note=f"failed: {e}")]
+            return guarded("evaluating a 6-point sweep", "toy", sweep_rows)
         finally:
             os.chdir(here)
 

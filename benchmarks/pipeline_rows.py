@@ -48,6 +48,6 @@ def pipeline_rows(with_outputs: Callable[[Path], list[Row]] | None = None) -> li
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return extra + [Row("default `dvc repro` end to end", "toy", "15 minutes", full_s, 900.0, "<= 1x",
-                note=f"fresh clone of HEAD, committed world reused, {stages} stages run, alone"),
-            Row("`dvc repro` after adding one lambda", "toy", "the full default run", one_s, full_s, "<= 0.1x",
-                note=f"lambda {new} added; reran {', '.join(reran)}")]
+                        note=f"fresh clone of HEAD, committed world reused, {stages} stages run, alone"),
+                    Row("`dvc repro` after adding one lambda", "toy", "the full default run", one_s, full_s, "<= 0.1x",
+                        note=f"lambda {new} added; reran {', '.join(reran)}")]

@@ -3,7 +3,11 @@ graft/ and stages/ module its entry point imports, directly or through other gra
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -63,11 +67,6 @@ def test_the_committed_world_is_current_in_dvc_lock():
     built it, so a code dep it declares and dvc.lock disagree on makes every user's first repro (and the real-model
     test) rebuild it. After a change to a module the world imports that does not change what it computes:
     `dvc commit -f world`; after one that does: `dvc repro -f world` and commit its outputs."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     r = subprocess.run(["dvc", "status", "world", "--json"], cwd=REPO, capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
