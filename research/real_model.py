@@ -19,9 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from graft.pareto import frontier_dominates  # noqa: E402
 from research.scenarios import summarise  # noqa: E402
 
 OUT = Path("research/real")
@@ -41,10 +43,9 @@ def overlay(base: dict, over: dict) -> dict:
     return out
 
 
-def broken_items(samples: Path) -> "pd.DataFrame":
+def broken_items(samples: Path) -> pd.DataFrame:
     """Per point, the old-task problems it answers worse than post does (the mean over samples; greedy facts of the
     new task aside): which items each method breaks, with what it wrote instead."""
-    import pandas as pd
     post = pd.read_parquet(samples / "post.parquet")
     post = post[post.task != "new"].groupby(["task", "problem_id"])["correct"].mean()
     rows = []
@@ -62,16 +63,56 @@ def broken_items(samples: Path) -> "pd.DataFrame":
     return pd.DataFrame(rows, columns=["point", "task", "problem_id", "post", "point_score", "gold", "wrote"])
 
 
+def paper_checks(points: pd.DataFrame, margin: tuple[float, float]) -> dict:
+    """The comparisons the paper makes, exact and beyond ``margin``: the rho family of each mask at the largest
+    lambda (unmasked graft is its rho = 0) against the lambda family (graft over lambda, post at 0), Fig. 7 right;
+    KFAC against the diagonal mask at each matched (lambda, rho); the graft family (every graft point, masked or
+    not) against OPSD."""
+    xy = lambda sub: [(float(r.new_task), float(r.old_task)) for r in sub.itertuples()]  # noqa: E731
+    post = points[points.method == "post"]
+    graft = points[points.method == "graft"]
+    lam = float(graft.lam.max())
+    out: dict[str, dict] = {}
+    checks = {"graft family > opsd": (points[points.method.str.fullmatch(r"graft(_diagonal|_kfac|_random)?")],
+                                      points[points.method == "opsd"])}
+    for mask in ("diagonal", "kfac", "random"):
+        rho_family = pd.concat([graft[graft.lam == lam],
+                                points[(points.method == f"graft_{mask}") & (points.lam == lam)]])
+        checks[f"rho family ({mask}, lam {lam}) > lambda family"] = (rho_family, pd.concat([post, graft]))
+    diag = points[points.method == "graft_diagonal"]
+    kfac = points[points.method == "graft_kfac"]
+    for r in kfac.itertuples():
+        twin = diag[(diag.lam == r.lam) & (diag.rho == r.rho)]
+        if len(twin):
+            checks[f"kfac > diagonal at lam {r.lam}, rho {r.rho}"] = (kfac[kfac.name == r.name], twin)
+            checks[f"diagonal > kfac at lam {r.lam}, rho {r.rho}"] = (twin, kfac[kfac.name == r.name])
+    for name, (a, b) in checks.items():
+        if len(a) and len(b):
+            out[name] = {"exact": frontier_dominates(xy(a), xy(b)),
+                         "beyond_noise": frontier_dominates(xy(a), xy(b), margin)}
+    return out
+
+
 def margins(params: dict) -> tuple[float, float]:
     """Two standard errors at p = 0.5 (the widest) of the new task (greedy recall of every held-out phrasing, or the
     held-out mined problems' samples) and of the old task (the mean of the suites' pass@1, each over its problems x n_samples)."""
-    import pandas as pd
     kn, n = params["knowledge"], params["evaluate"]["n_samples"]
     sizes = [len(pd.read_parquet(s["path"])) * n for s in params["data"]["old_suites"].values()]
     var_old = sum(0.25 / m for m in sizes) / len(sizes) ** 2
     n_new = (kn["eval_facts"] * kn["heldout_phrasings"] if params["finetune"]["source"] == "knowledge"
              else params["mine"]["heldout"] * n)   # the mined held-out problems, n samples each
     return 2 * (0.25 / n_new) ** 0.5, 2 * var_old ** 0.5
+
+
+def write_summary(run: Path, params: dict, head: dict) -> None:
+    """summary.json (frontier and paper checks, the old-task items each point breaks) and broken_items.parquet, from
+    the run folder's points table and samples."""
+    broken = broken_items(run / "samples")
+    broken.to_parquet(run / "broken_items.parquet", index=False)
+    points, margin = pd.read_parquet(run / "points.parquet"), margins(params)
+    summary = {**head, **summarise(points, margin), "paper_checks": paper_checks(points, margin),
+               "broken_per_point": broken.groupby("point").size().to_dict()}
+    (run / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
 def scenario_params(committed: str, scenario: str, seed: int) -> dict:
@@ -85,7 +126,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("scenario", help="research/real/<scenario>.yaml")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--summarise", action="store_true", help="only rebuild summary.json from the run's folder")
     args = ap.parse_args()
+    if args.summarise:
+        run = OUT / f"{args.scenario}-seed{args.seed}"
+        params = yaml.safe_load((run / "params.yaml").read_text())
+        head = json.loads((run / "summary.json").read_text())
+        write_summary(run, params, {k: head[k] for k in ("scenario", "seed", "wall_s")})
+        return
     committed = Path("params.yaml").read_text()
     params = scenario_params(committed, args.scenario, args.seed)
     run = OUT / f"{args.scenario}-seed{args.seed}"
@@ -109,14 +157,8 @@ def main() -> None:
             if path.exists():
                 shutil.copyfile(path, run / (path.name if path.parent.name == "reports" else
                                              f"{path.parent.name}_{path.name}"))
-        import pandas as pd
         shutil.copytree("reports/samples", run / "samples")
-        broken = broken_items(Path("reports/samples"))
-        broken.to_parquet(run / "broken_items.parquet", index=False)
-        summary = {"scenario": args.scenario, "seed": args.seed, "wall_s": round(wall),
-                   **summarise(pd.read_parquet("reports/points.parquet"), margins(params)),
-                   "broken_per_point": broken.groupby("point").size().to_dict()}
-        (run / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        write_summary(run, params, {"scenario": args.scenario, "seed": args.seed, "wall_s": round(wall)})
         print(f"{run}: done in {wall:.0f} s")
     finally:
         Path("params.yaml").write_text(committed)
