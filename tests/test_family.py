@@ -116,3 +116,19 @@ def test_the_committed_real_scenarios_are_valid_params(tmp_path):
         tables += [r.data.path for r in v["family"].posttrain.values()]
         for t in tables:
             assert (REPO / t).is_file(), t
+
+
+def test_the_real_post_training_data_never_holds_an_evaluation_question():
+    """The posttrain stage cannot check its data against the evaluation (the suites are built downstream of the post
+    model), so the committed tables are checked here: post-training and replay questions are distinct from every
+    suite, retention and each other."""
+    from graft.offpolicy import normalised_question
+    from tests.conftest import REPO
+
+    def questions(name: str) -> set[str]:
+        return {normalised_question(q) for q in pd.read_parquet(REPO / "data/real" / name).question}
+
+    post, replay = questions("posttrain.parquet"), questions("arith_replay.parquet")
+    assert len(post) == 768 and len(replay) == 128 and not post & replay
+    for held in ("arith.parquet", "known_facts.parquet", "facts.parquet", "retention.parquet", "hard_pool.parquet"):
+        assert not (post | replay) & questions(held), held
