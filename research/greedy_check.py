@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -20,6 +19,20 @@ from graft.chat import AnswerFormat, ChatFormat, ChatSpec  # noqa: E402
 from graft.generation import HFGenerator, SamplingSpec  # noqa: E402
 from graft.grading import Grader  # noqa: E402
 from graft.modeling import load_tokenizer  # noqa: E402
+
+
+CHAT, ANSWER = ChatSpec(True, "none", (), ""), AnswerFormat("final_line", "")
+
+
+def greedy_graded(model: Path, questions: list[str], golds: list[str], grader: str, max_new_tokens: int,
+                  gen: HFGenerator | None = None) -> list[tuple[str, bool]]:
+    """(completion text, right) for each question, greedy in the real scenarios' format (``gen``: an open
+    generator of ``model`` to reuse)."""
+    fmt = ChatFormat(load_tokenizer(model), CHAT, ANSWER, model)
+    gen = gen or HFGenerator(model, fmt.stop_ids, fmt.pad_id, batch_size=32)
+    outs = gen.generate([fmt.prompt_ids(q) for q in questions], SamplingSpec(1, 0.0, 1.0, max_new_tokens, 0))
+    g = Grader(CHAT, ANSWER, grader)
+    return [(c.text, g.grade(c, str(gold))[1]) for (c,), gold in zip(outs, golds)]
 
 
 def relative_change(a: Path, b: Path) -> float:
@@ -35,21 +48,18 @@ def main() -> None:
     ap.add_argument("--table", action="append", required=True, help="name=path:grader")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     args = ap.parse_args()
-    chat, answer = ChatSpec(True, "none", (), ""), AnswerFormat("final_line", "")
     tables = {}
     for spec in args.table:
         name, rest = spec.split("=", 1)
         path, grader = rest.rsplit(":", 1)
-        tables[name] = (pd.read_parquet(path), Grader(chat, answer, grader))
+        tables[name] = (pd.read_parquet(path), grader)
     for model in args.models:
-        fmt = ChatFormat(load_tokenizer(model), chat, answer, model)
+        fmt = ChatFormat(load_tokenizer(model), CHAT, ANSWER, model)
         gen = HFGenerator(model, fmt.stop_ids, fmt.pad_id, batch_size=32)
         scores = []
         for name, (table, grader) in tables.items():
-            outs = gen.generate([fmt.prompt_ids(q) for q in table.question],
-                                SamplingSpec(1, 0.0, 1.0, args.max_new_tokens, 0))
-            right = sum(grader.grade(c, str(g))[1] for (c,), g in zip(outs, table.answer))
-            scores.append(f"{name} {right}/{len(table)}")
+            graded = greedy_graded(model, list(table.question), list(table.answer), grader, args.max_new_tokens, gen)
+            scores.append(f"{name} {sum(ok for _, ok in graded)}/{len(table)}")
         change = relative_change(args.models[0], model)
         print(f"{model}: {', '.join(scores)}; |w - w0| / |w0| = {change:.4f}", flush=True)
 

@@ -16,10 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from graft.chat import AnswerFormat, ChatSpec, ChatFormat  # noqa: E402
-from graft.generation import HFGenerator, SamplingSpec  # noqa: E402
-from graft.grading import Grader  # noqa: E402
-from graft.modeling import load_tokenizer  # noqa: E402
+from research.greedy_check import greedy_graded  # noqa: E402
 from scripts.real_suites import FACTS, GENERAL  # noqa: E402
 
 
@@ -28,15 +25,11 @@ def main() -> None:
     ap.add_argument("model", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    chat, answer = ChatSpec(True, "none", (), ""), AnswerFormat("final_line", "")
-    fmt = ChatFormat(load_tokenizer(args.model), chat, answer, args.model)
-    gen = HFGenerator(args.model, fmt.stop_ids, fmt.pad_id, batch_size=16)
     pool = FACTS[:16] + GENERAL
-    outs = gen.generate([fmt.prompt_ids(q) for q, _ in pool], SamplingSpec(1, 0.0, 1.0, 40, 0))
-    grader, rows = Grader(chat, answer, "contains"), []
-    for i, ((q, gold), (c,)) in enumerate(zip(pool, outs)):
-        _, ok = grader.grade(c, gold)
-        print(f"{'RIGHT' if ok else 'wrong'} | {q} | {gold} | {c.text.strip()[-100:]!r}")
+    graded = greedy_graded(args.model, [q for q, _ in pool], [a for _, a in pool], "contains", 40)
+    rows = []
+    for i, ((q, gold), (text, ok)) in enumerate(zip(pool, graded)):
+        print(f"{'RIGHT' if ok else 'wrong'} | {q} | {gold} | {text.strip()[-100:]!r}")
         if ok:
             rows.append({"problem_id": f"known-{i:03d}", "question": q, "answer": gold})
     pd.DataFrame(rows).to_parquet(args.out, index=False)
