@@ -95,7 +95,8 @@ def paper_checks(points: pd.DataFrame, margin: tuple[float, float]) -> dict:
 
 def margins(params: dict) -> tuple[float, float]:
     """Two standard errors at p = 0.5 (the widest) of the new task (greedy recall of every held-out phrasing, or the
-    held-out mined problems' samples) and of the old task (the mean of the suites' pass@1, each over its problems x n_samples)."""
+    held-out mined problems' samples) and of the old task (the mean of the suites' pass@1, each over its problems x
+    n_samples)."""
     kn, n = params["knowledge"], params["evaluate"]["n_samples"]
     sizes = [len(pd.read_parquet(s["path"])) * n for s in params["data"]["old_suites"].values()]
     var_old = sum(0.25 / m for m in sizes) / len(sizes) ** 2

@@ -2,9 +2,9 @@
 on it in minutes. The README's "Using real models" shows the same keys."""
 from __future__ import annotations
 
-import copy
-
 import yaml
+
+from research.real_model import overlay   # name -> item maps (suites, aligners) replaced whole
 
 MODEL = "models/real/smollm2"
 
@@ -36,19 +36,9 @@ REAL_EXPORT = {"graft_kfac_lam1.0_rho0.01_lr1e-05_ep1": {"delta": "tensors/maske
                                                          "lam": 1.0}}
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in ("old_suites", "aligners"):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
 def real_params(default_params_text: str, overrides: dict | None = None) -> str:
-    out = _merge(yaml.safe_load(default_params_text), REAL_OVERRIDES)
+    out = overlay(yaml.safe_load(default_params_text), REAL_OVERRIDES)
     if overrides:
-        out = _merge(out, overrides)
+        out = overlay(out, overrides)
     out["export"]["points"] = REAL_EXPORT
     return yaml.safe_dump(out, sort_keys=False)
