@@ -82,7 +82,10 @@ class OPSDObjective:
 
     def __init__(self, teacher: torch.nn.Module, tokenizer, fmt: ChatFormat, examples: Sequence[OPSDExample],
                  alpha: float, top_k: int, temperature: float, top_p: float, max_new_tokens: int, seed: int,
-                 max_len: int):
+                 max_len: int, teacher_max_len: int | None = None):
+        """``max_len`` bounds the student's sequences (prompt + response: the ones trained on, finetune.max_len);
+        ``teacher_max_len`` the teacher's (its prompt holds the demonstration, and it runs without gradients:
+        generation.max_model_len, the longest sequence the model is run on; ``max_len`` when None)."""
         self.teacher, self.tokenizer, self.fmt, self.examples = teacher, tokenizer, fmt, list(examples)
         self.alpha, self.top_k = alpha, top_k
         self.temperature, self.top_p, self.max_new_tokens, self.seed = temperature, top_p, max_new_tokens, seed
@@ -92,10 +95,14 @@ class OPSDObjective:
         self.student_prompts = [fmt.prompt_ids(e.question) for e in self.examples]
         self.teacher_prompts = [fmt.prompt_ids(demonstration_question(e.question, e.think, e.answer))
                                 for e in self.examples]
-        for i, tp in enumerate(self.teacher_prompts):
-            if len(tp) + max_new_tokens > max_len:
-                raise ValueError(f"opsd: example {i}: teacher prompt ({len(tp)} tokens) + opsd.max_new_tokens "
-                                 f"({max_new_tokens}) exceeds finetune.max_len ({max_len})")
+        limits = (("student", self.student_prompts, max_len, "finetune.max_len"),
+                  ("teacher", self.teacher_prompts, teacher_max_len or max_len,
+                   "generation.max_model_len" if teacher_max_len else "finetune.max_len"))
+        for who, prompts, limit, key in limits:
+            for i, ids in enumerate(prompts):
+                if len(ids) + max_new_tokens > limit:
+                    raise ValueError(f"opsd: example {i}: {who} prompt ({len(ids)} tokens) + opsd.max_new_tokens "
+                                     f"({max_new_tokens}) exceeds {key} ({limit})")
 
     def normalizer(self, batch: Sequence[int]) -> float:
         return float(len(batch))

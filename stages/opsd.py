@@ -51,7 +51,7 @@ def main() -> None:
     fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
     examples = [OPSDExample(q, t, a) for q, t, a in zip(data["question"], data["think"], data["answer"])]
     objective = OPSDObjective(teacher, tokenizer, fmt, examples, args.alpha, o.top_k, o.temperature,
-                              gen.top_p, o.max_new_tokens, o.seed, p.max_len)
+                              gen.top_p, o.max_new_tokens, o.seed, p.max_len, teacher_max_len=gen.max_model_len)
     name = f"alpha{args.alpha}_lr{args.lr}"
     log = train_to_snapshots(
         model, tokenizer, objective, len(examples), spec_from_params(p, args.lr), out=Path(f"models/opsd/{name}"),

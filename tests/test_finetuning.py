@@ -12,7 +12,7 @@ from graft.distributed import DistInfo
 from graft.finetuning import (SupervisedObjective, TrainSpec, epoch_plan, rank_micro_batches, token_loss_sum,
                               train)
 from graft.modeling import load_model
-from graft.opsd import OPSDExample, OPSDObjective, generalized_jsd, topk_divergence
+from graft.opsd import OPSDExample, OPSDObjective, demonstration_question, generalized_jsd, topk_divergence
 from graft.training import IGNORE, SFTExample, encode_sft, warmup_cosine
 from tests.conftest import family_format, run_worker
 from tests.ddp_worker import EXAMPLES
@@ -222,6 +222,27 @@ def test_opsd_objective_is_independent_of_the_micro_batch_split(tiny_model_dir, 
     whole.backward()
     assert all(p.grad is None for p in teacher.parameters())
     assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in student.parameters())
+
+
+def test_opsd_bounds_the_student_by_max_len_and_the_teacher_by_its_own_limit(tiny_model_dir, tiny_tokenizer):
+    """The student's sequences are trained on (finetune.max_len); the teacher's prompt also holds the demonstration
+    and runs without gradients, so it has its own bound (generation.max_model_len). Each error names its key."""
+    teacher = load_model(tiny_model_dir)
+    fmt = family_format(tiny_tokenizer)
+    examples = [OPSDExample(e.question, e.think, e.answer) for e in EXAMPLES[:2]]
+    student_len = max(len(fmt.prompt_ids(e.question)) for e in examples)
+    teacher_len = max(len(fmt.prompt_ids(demonstration_question(e.question, e.think, e.answer))) for e in examples)
+    assert teacher_len > student_len
+    args = (teacher, tiny_tokenizer, fmt, examples, 0.5, 20, 1.0, 1.0, 4)
+    # the teacher's prompt is past max_len: accepted, within its own bound
+    ok = OPSDObjective(*args, seed=0, max_len=student_len + 4, teacher_max_len=teacher_len + 4)
+    assert max(len(t) for t in ok.teacher_prompts) == teacher_len
+    with pytest.raises(ValueError, match=r"teacher prompt .* exceeds generation.max_model_len"):
+        OPSDObjective(*args, seed=0, max_len=student_len + 4, teacher_max_len=teacher_len + 3)
+    with pytest.raises(ValueError, match=r"student prompt .* exceeds finetune.max_len"):
+        OPSDObjective(*args, seed=0, max_len=student_len + 3, teacher_max_len=teacher_len + 4)
+    with pytest.raises(ValueError, match=r"teacher prompt .* exceeds finetune.max_len"):   # no teacher bound given
+        OPSDObjective(*args, seed=0, max_len=student_len + 4)
 
 
 def test_opsd_teacher_equal_to_student_gives_zero_loss_without_demonstration_effect(tiny_model_dir, tiny_tokenizer):
