@@ -51,6 +51,7 @@ def _sandbox(size: Size, delta: Path, fisher: Path, kfac: Path) -> Path:
     os.link(kfac, box / "tensors/fisher/retention/kfac.safetensors")
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p["finetune"]["lrs"], p["sweep"]["rhos"], p["sweep"]["epochs"] = [LR], [RHO], [EPOCH]
+    p["donors"]["candidates"] = {}
     (box / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     return box
 

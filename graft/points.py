@@ -1,6 +1,7 @@
 """Sweep points as weights: every point is a model directory, optionally plus ``lam`` times a delta directory.
 
 graft (masked or not):  models.post + lam * tensors/{delta,masked}/...
+graft from a candidate donor (the donor sweep): models.post + lam * tensors/delta/candidate_<name>/...
 SFT + merge:            models.post + lam * tensors/delta/sft_...
 post, SFT, OPSD, Fisher merging: a model directory as it is.
 diagnostics:            models.base + t * tensors/delta/post_vs_base (the post-training path)
@@ -32,7 +33,8 @@ POST_DELTA = "tensors/delta/post_vs_base"   # post - base, written by the delta_
 @dataclass(frozen=True)
 class Point:
     name: str
-    method: str                  # post | sft | sft_merge | fisher_merge | opsd | graft | graft_<kind> | base_to_post
+    method: str                  # post | sft | sft_merge | fisher_merge | opsd | graft | graft_<kind> | graft_donor |
+    #                              base_to_post
     model: str                   # model directory (loaded as it is)
     delta: str | None = None     # fp32 delta directory added with coefficient lam
     lam: float | None = None
@@ -63,12 +65,29 @@ def sweep_points(p: Mapping) -> list[Point]:
     pts += [Point(f"graft_{kind}_lam{lam}_rho{rho}_{r}", f"graft_{kind}", post,
                   f"tensors/masked/{kind}_rho{rho}_{r}", lam, rho, kind, lr, ep, donor=ft.donor)
             for kind in sweep.masks for lam in sweep.lams for rho in sweep.rhos for lr, ep, r in runs]
+    pts += donor_points(p)
     pts += [Point(f"opsd_alpha{a}_{r}", "opsd", f"models/opsd/alpha{a}_lr{lr}/epoch{ep}", lr=lr, epoch=ep, alpha=a)
             for a in opsd.alphas for lr, ep, r in runs]
     # diagnostics, not methods: the post-training path base + t * (post - base) (lam holds t)
     pts += [Point(f"base_to_post_t{t}", DIAGNOSTIC, p["models"].base, POST_DELTA, t)
             for t in p["diagnostics"].interpolation]
     return pts
+
+
+DONOR_METHOD = "graft_donor"   # a graft from a candidate of the donor sweep (donors.candidates)
+
+
+def candidate_delta(name: str, lr: float, epoch: int) -> str:
+    """Where stages.delta --kind candidate writes a candidate's delta at one snapshot."""
+    return f"tensors/delta/candidate_{name}/{run_tag(lr, epoch)}"
+
+
+def donor_points(p: Mapping) -> list[Point]:
+    """Unmasked grafts from every candidate donor at every lambda and swept epoch, at donors.lr."""
+    donors = p["donors"]
+    return [Point(f"{DONOR_METHOD}-{name}_lam{lam}_{run_tag(donors.lr, ep)}", DONOR_METHOD, p["models"].post,
+                  candidate_delta(name, donors.lr, ep), lam, mask="none", lr=donors.lr, epoch=ep, donor=model)
+            for name, model in donors.candidates.items() for lam in p["sweep"].lams for ep in p["sweep"].epochs]
 
 
 def sweep_deltas(p: Mapping) -> list[dict]:

@@ -158,6 +158,13 @@ SCHEMA: dict[str, dict] = {
         "checkpoint_every": NONNEG_INT,         # optimiser steps between resume checkpoints (0: epoch ends only)
         "seed": SEED,
     },
+    # the donor sweep (paper 5.3): each candidate checkpoint finetuned with the donor recipe at `lr`, grafted onto
+    # post at every sweep.lams and sweep.epochs (points graft_donor-<name>_...), and ranked by the cheap signals of
+    # stages.donor_choice beside finetune.donor's own graft
+    "donors": {
+        "candidates": Field(dict, item=NONEMPTY),   # name -> model dir (not finetune.donor: that one is the sweep's)
+        "lr": POS_NUM,   # finetune.donor's run at this rate (when finetune.lrs has it) is compared beside them
+    },
     "opsd": {
         "alphas": Field(list, lambda v: len(v) > 0, "non-empty",
                         item=Field(NUM, lambda x: 0 <= x <= 1, "in [0, 1]")),
@@ -265,6 +272,26 @@ def check_family(family: Section) -> None:
                                   f"input: {', '.join(mappable_columns('offpolicy'))})")
 
 
+def check_donors(p: dict[str, Section]) -> None:
+    """Candidates get plain names, differ from the sweep's own donor and from post (a finetune of post is the SFT
+    baseline), and never repeat a model."""
+    donors, ft, models = p["donors"], p["finetune"], p["models"]
+    check_plain_names("donors.candidates", donors.candidates)
+    seen: dict[Path, str] = {}
+    for name, model in donors.candidates.items():
+        where = Path(model)
+        if where == Path(ft.donor):
+            raise ParamsError(f"params.yaml: donors.candidates.{name} is finetune.donor ({model}): the sweep already "
+                              "grafts from it; list only the other candidates")
+        if where == Path(models.post):
+            raise ParamsError(f"params.yaml: donors.candidates.{name} is models.post ({model}): finetuning post is "
+                              "the SFT baseline, not a donor")
+        if where in seen:
+            raise ParamsError(f"params.yaml: donors.candidates.{name} and donors.candidates.{seen[where]} are the "
+                              f"same model ({model})")
+        seen[where] = name
+
+
 def check_cross(p: dict[str, Section]) -> None:
     check_world(p)
     data = p["data"]
@@ -290,6 +317,7 @@ def check_cross(p: dict[str, Section]) -> None:
                      ("finetune", "lrs"), ("opsd", "alphas")):
         if len(set(p[sec][key])) != len(p[sec][key]):
             raise ParamsError(f"params.yaml: {sec}.{key} has a repeated value")
+    check_donors(p)
     kn = p["knowledge"]
     if Path(kn.facts.path) == Path(INVENTED_FACTS) and kn.heldout_phrasings >= kn.invent.phrasings:
         raise ParamsError(f"params.yaml: knowledge.heldout_phrasings ({kn.heldout_phrasings}) must be below "

@@ -29,7 +29,7 @@ from research.scenarios import summarise  # noqa: E402
 OUT = Path("research/real")
 COPIED = ["reports/points.parquet", "reports/pareto.png", "reports/metrics.json", "reports/diagnostics/summary.json",
           "reports/kl/prediction.parquet", "reports/kl/summary.json", "reports/family/post.json"]
-REPLACED_WHOLE = {"old_suites", "aligners", "imports", "posttrain", "points", "offpolicy"}   # maps of names
+REPLACED_WHOLE = {"old_suites", "aligners", "imports", "posttrain", "points", "offpolicy", "candidates"}   # maps of names
 
 
 def overlay(base: dict, over: dict) -> dict:

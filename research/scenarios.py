@@ -14,7 +14,8 @@ world for knowledge injection at finetune lr 1e-3 (the export point must name a 
 world's tokenizer also spends tokens on English, so OPSD's teacher prompts need finetune.max_len 256):
 
     python research/scenarios.py --seeds 0 1 --sources knowledge --tag facts --set \
-        world.pretrain.fact_entities=100 world.pretrain.fact_repeats=2 'finetune.lrs=[0.001]' finetune.max_len=256 \
+        world.pretrain.fact_entities=100 world.pretrain.fact_repeats=2 'finetune.lrs=[0.001]' donors.lr=0.001 \
+        finetune.max_len=256 \
         'sweep.lams=[0.5,0.75,1.0,1.25,1.5,2.0]' '~export.points' \
         '+export.points={graft_kfac_lam0.5_rho0.05_lr0.001_ep10: {delta: tensors/masked/kfac_rho0.05_lr0.001_ep10, lam: 0.5}}'
 

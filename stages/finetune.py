@@ -4,7 +4,9 @@ rate of the grid, with a snapshot after every epoch.
 python -m stages.finetune --target donor|sft --lr L  ->  models/finetuned/<target>_lr<L>/epoch<e>/ (HF model dirs),
     reports/finetune/<target>_lr<L>.json (loss curve, DVC plot data),
     .graft/timing/finetune_<target>_lr<L>.parquet (per-step seconds; a measurement, not a DVC output)
-The target chooses the model only; data, optimiser and schedule are the same for both (paper Appendix C). With
+python -m stages.finetune --target candidate --name N  ->  the same for donors.candidates.N at donors.lr, under the
+    name candidate_<N> (the donor sweep)
+The target chooses the model only; data, optimiser and schedule are the same for all (paper Appendix C). With
 finetune.num_processes > 1 the stage runs itself under torchrun with DDP. An interrupted run resumes from its last
 checkpoint in .graft/work/.
 """
@@ -33,16 +35,25 @@ from graft.training import SFTExample, encode_sft
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--target", choices=["donor", "sft"], required=True)
-    ap.add_argument("--lr", type=float, required=True)
+    ap.add_argument("--target", choices=["donor", "sft", "candidate"], required=True)
+    ap.add_argument("--lr", type=float, help="donor and sft: a rate of finetune.lrs")
+    ap.add_argument("--name", help="candidate: a key of donors.candidates")
     args = ap.parse_args()
-    p, chat, answer, models, compute, data_p = load_params("finetune", "chat", "answer", "models", "compute", "data")
-    require(args.lr, p.lrs, "finetune.lrs", "--lr")
+    p, chat, answer, models, compute, data_p, donors = load_params("finetune", "chat", "answer", "models", "compute",
+                                                                   "data", "donors")
+    if args.target == "candidate":
+        require(args.name, donors.candidates, "donors.candidates", "--name")
+        args.lr = donors.lr
+        src, name = donors.candidates[args.name], f"candidate_{args.name}"
+    else:
+        if args.lr is None:
+            raise ValueError(f"--target {args.target} needs --lr")
+        require(args.lr, p.lrs, "finetune.lrs", "--lr")
+        src, name = (p.donor if args.target == "donor" else models.post), f"{args.target}_lr{args.lr}"
     if relaunch_under_torchrun(p.num_processes, "stages.finetune", sys.argv[1:]):
         return
     torch.use_deterministic_algorithms(True)
     info = init_distributed(compute.device)
-    src = p.donor if args.target == "donor" else models.post
     check_compatible(src, models.post)  # the graft delta of a donor is added to the post model
     data_path = f"data/offpolicy/{p.source}.parquet"
     data = read_table(data_path, "offpolicy")
@@ -53,18 +64,18 @@ def main() -> None:
     fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
     encoded = [encode_sft(fmt, SFTExample(q, t, a), p.max_len)
                for q, t, a in zip(data["question"], data["think"], data["answer"])]
-    name = f"{args.target}_lr{args.lr}"
     log = train_to_snapshots(
         model, tokenizer, SupervisedObjective(encoded, fmt.pad_id, p.loss), len(encoded),
         spec_from_params(p, args.lr), out=Path(f"models/finetuned/{name}"),
         inputs=list(dict.fromkeys([src, models.post, data_path])),  # post: its tokenizer writes the targets
         settings={"stage": "finetune", "target": args.target, "lr": args.lr,
-                  "finetune": recipe_settings(p, args.target == "donor"),
+                  "finetune": recipe_settings(p, False) if args.target == "sft" else {**recipe_settings(p, False),
+                                                                                       "donor": src},
                   "chat": dict(chat), "answer": dict(answer)}, dist_info=info, desc=f"finetune {name}",
         live_dir=Path(f"reports/finetune/live/{name}"))
     if info.main:
         write_json(f"reports/finetune/{name}.json", log.curve)  # a list of records: what `dvc plots` reads
-        method = "graft" if args.target == "donor" else "sft"
+        method = {"donor": "graft", "sft": "sft", "candidate": "graft_donor"}[args.target]
         write_parquet(TIMING / f"finetune_{name}.parquet", pd.DataFrame(log.timing).assign(method=method))
         print(f"finetune {name}: {len(encoded)} examples, {len(log.curve)} steps, "
               f"final loss {log.curve[-1]['loss']:.4f}")

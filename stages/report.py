@@ -29,7 +29,7 @@ NEW_TASK_AXIS = {"knowledge": "new task (held-out phrasings of injected facts, g
 NEW_TASK_AXIS_DEFAULT = "new task (held-out mined problems, pass@1)"
 
 METHOD_ORDER = ["post", "sft", "sft_merge", "fisher_merge", "opsd", "graft", "graft_diagonal", "graft_kfac",
-                "graft_random"]
+                "graft_random", "graft_donor"]
 
 
 def load_points(names: list[str], folder: Path) -> pd.DataFrame:

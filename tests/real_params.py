@@ -25,6 +25,7 @@ REAL_OVERRIDES = {
     "knowledge": {"invent": {"entities": 4}, "eval_facts": 4},
     "finetune": {"donor": MODEL, "source": "teacher", "lrs": [1.0e-5], "epochs": 1, "global_batch_size": 8,
                  "micro_batch_size": 4, "max_len": 256, "checkpoint_every": 1},
+    "donors": {"candidates": {}},
     "opsd": {"alphas": [0.5], "max_new_tokens": 16},
     "fisher": {"n_rollouts": 4, "max_new_tokens": 16, "chunk": 1},
     "sweep": {"lams": [1.0], "rhos": [0.01], "masks": ["diagonal", "kfac", "random"], "fisher_merge_lams": [0.5],

@@ -27,6 +27,7 @@ SMALL_OVERRIDES = {
     # the tiny aligner accepts no rewrite: teacher traces; micro < global exercises gradient accumulation
     "finetune": {"lrs": [0.001], "epochs": 2, "global_batch_size": 8, "micro_batch_size": 4, "source": "teacher",
                  "checkpoint_every": 1},
+    "donors": {"lr": 0.001},   # the default's candidate (pretrain_0) at the profile's rate
     "opsd": {"alphas": [0.5], "max_new_tokens": 16},
     "fisher": {"n_rollouts": 6, "max_new_tokens": 16, "chunk": 3},
     "sweep": {"lams": [0.5, 1.0], "rhos": [0.1], "masks": ["diagonal", "kfac", "random"], "fisher_merge_lams": [0.5],

@@ -35,6 +35,7 @@ def box(tmp_path, tiny_model_dir, monkeypatch):
     p["models"].update(base="models/base", post="models/post", aligner="models/post")
     p["finetune"]["donor"] = "models/base"
     p["finetune"]["lrs"] = [0.001]
+    p["donors"]["candidates"] = {}
     p["generation"]["backend"] = "hf"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     (tmp_path / "data/mined").mkdir(parents=True)

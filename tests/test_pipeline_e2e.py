@@ -84,8 +84,10 @@ def test_full_dag_runs_and_writes_the_report(repo):
     assert {"world", "mine", "teacher", "star", "rewrite@aligner", "rewrite@base", "rewrite_student", "synthself",
             "facts", "knowledge", "sources", "finetune_donor@0.001", "finetune_sft@0.001", "opsd@0.5-0.001",
             "fisher_retention", f"fisher_new@{RUN}", f"fisher_share@{RUN}", "evaluate", f"export@{EXPORTED}",
-            "delta_post", "diagnostics", "predict_kl", "propose", "report", "kl_report"} <= ran_stages(log)
-    assert "evaluate: 20 of 20 points to score" in log   # the sweep's 15 and one proposed point per family
+            "delta_post", "diagnostics", "predict_kl", "propose", "report", "kl_report", "finetune_candidate@pretrain_0",
+            "delta_candidate@pretrain_0", "donor_choice"} <= ran_stages(log)
+    # the sweep's 15, the candidate donor's 2 and one proposed point per family
+    assert "evaluate: 22 of 22 points to score" in log
     sources = pd.read_parquet(repo / "reports/offpolicy_sources.parquet")
     assert list(sources.source) == ["teacher", "synthself", "star", "knowledge"]
     assert sources.rate.between(0, 1).all() and (sources.rows >= 0).all()
@@ -93,9 +95,9 @@ def test_full_dag_runs_and_writes_the_report(repo):
     assert set(aligners.name) == {"aligner", "base"} and aligners.chosen.sum() <= 1
     points = pd.read_parquet(repo / "reports/points.parquet")
     families = {"graft", "graft_diagonal", "graft_kfac", "graft_random", "sft_merge"}
-    assert set(points.method) == {"post", "sft", "fisher_merge", "opsd", "base_to_post"} | families | {
+    assert set(points.method) == {"post", "sft", "fisher_merge", "opsd", "base_to_post", "graft_donor"} | families | {
         f"proposed_{f}" for f in families}
-    assert len(points) == 1 + 1 + 2 + 1 + 1 + 2 + 3 * 2 + 1 + 5
+    assert len(points) == 1 + 1 + 2 + 1 + 1 + 2 + 3 * 2 + 1 + 5 + 2   # + the candidate donor at both lambdas
     assert not points[points.method.str.startswith("proposed_")].frontier.any()   # the sweep's frontier
     check_kl_prediction(repo, points)
     assert not points[points.method == "base_to_post"].frontier.any()  # a diagnostic, not a method
@@ -119,7 +121,10 @@ def test_full_dag_runs_and_writes_the_report(repo):
     assert (timing.sample_s > 0).all() and len(timing) == len(curve) and curve[-1]["epoch"] == 2
     assert not (repo / ".graft/work").exists() or not any((repo / ".graft/work").iterdir())  # work dirs cleaned
     assert {"donor", "mask", "rho", "lam", "old:add/pass@1", "old:reverse/pass@1", "new/pass@2"} <= set(points.columns)
-    assert set(points[points.method.str.startswith("graft")].donor) == {"models/world/base"}
+    assert set(points[points.method.str.startswith("graft") & (points.method != "graft_donor")].donor) == {
+        "models/world/base"}
+    assert set(points[points.method == "graft_donor"].donor) == {"models/world/pretrain_0"}
+    check_donor_choice(repo, points)
     ev = pd.read_parquet(repo / ".graft/timing/evaluate.parquet")
     assert set(ev.name) == set(points.name) and (ev.generated_tokens > 0).all()
     live = pd.read_csv(repo / "reports/finetune/live/donor_lr0.001/plots/metrics/train/loss.tsv", sep="\t")
@@ -138,6 +143,25 @@ def test_full_dag_runs_and_writes_the_report(repo):
     run(["git", "commit", "-qm", "first run"], repo)
 
 
+def check_donor_choice(repo: Path, points: pd.DataFrame) -> None:
+    """The donor sweep: the candidate's finetune, delta and points, and one row per donor with every signal and the
+    hypervolume of its own lambda points."""
+    from graft.donor_choice import SIGNALS, hypervolume
+
+    assert sorted(p.name for p in (repo / "models/finetuned/candidate_pretrain_0").iterdir()) == ["epoch1", "epoch2"]
+    assert (repo / "tensors/delta/candidate_pretrain_0/lr0.001_ep2").is_dir()
+    table = pd.read_parquet(repo / "reports/donors/choice.parquet")
+    assert list(table.donor) == ["finetune.donor", "pretrain_0"] and (table.n_points == 2).all()
+    assert table[list(SIGNALS)].notna().all().all() and (table.predicted_kl_kfac > 0).all()
+    post = points[points.method == "post"].iloc[0]
+    mine = points[points.method == "graft_donor"]
+    assert table.hypervolume.iloc[1] == pytest.approx(hypervolume(
+        [*zip(mine.new_task, mine.old_task), (post.new_task, post.old_task)]))
+    summary = json.loads((repo / "reports/donors/summary.json").read_text())
+    assert summary["agreement"][0]["donors"] == ["finetune.donor", "pretrain_0"]
+    assert (repo / "reports/donors/frontiers.png").stat().st_size > 1000
+
+
 def check_kl_prediction(repo: Path, points: pd.DataFrame) -> None:
     """Every point has a measured retention KL (0 exactly for post itself, > 0 for every other weights), every delta
     a predicted one, and the report relates them."""
@@ -154,7 +178,8 @@ def check_kl_prediction(repo: Path, points: pd.DataFrame) -> None:
         name = f"proposed_{r.family}_lr{r.lr}_ep{r.epoch}"
         assert kl[name] == r.predicted_kl and (kl[name] <= budget or r.lam == 1.0), (name, kl[name], r.lam)
     table = pd.read_parquet(repo / "reports/kl/prediction.parquet").set_index("name")
-    swept = [n for n in table.index if n.startswith(("graft", "sft", "proposed_"))]
+    # every point whose delta predict_kl reads (a candidate donor's delta is read by donor_choice instead)
+    swept = [n for n in table.index if n.startswith(("graft", "sft", "proposed_")) and not n.startswith("graft_donor")]
     for form in ("kfac", "diagonal", "directional"):
         assert table.loc[swept, f"predicted_kl_{form}"].gt(0).all(), form
     summary = json.loads((repo / "reports/kl/summary.json").read_text())
@@ -171,9 +196,10 @@ def test_new_lambda_evaluates_only_the_new_points(repo):
     before = {f.name: f.read_bytes() for f in (repo / "reports/points").glob("*lam0.5*.json")}
     set_param(repo, "sweep", "lams", [0.5, 0.75])
     log = run(["dvc", "repro"], repo)
-    assert ran_stages(log) == {"evaluate", "report", "kl_report"}   # the predicted KL needs no rerun
-    # graft, SFT+merge and three masks at 0.75 are new; the lam 1.0 points are removed from the results
-    assert "evaluate: 5 of 20 points to score" in log and "evaluate: 5 of 20 points need their retention KL" in log
+    # the predicted KL needs no rerun; donor_choice reads the new points
+    assert ran_stages(log) == {"evaluate", "report", "kl_report", "donor_choice"}
+    # graft, SFT+merge, three masks and the candidate donor at 0.75 are new; the lam 1.0 points are removed
+    assert "evaluate: 6 of 22 points to score" in log and "evaluate: 6 of 22 points need their retention KL" in log
     assert not list((repo / "reports/points").glob("*lam1.0*"))
     assert not list((repo / "reports/samples").glob("*lam1.0*"))
     assert {f.name: f.read_bytes() for f in (repo / "reports/points").glob("*lam0.5*.json")} == before
@@ -192,8 +218,10 @@ def test_new_rho_and_epoch_do_not_refinetune_or_reestimate_fisher(repo):
             "mask@kfac-0.2-0.001-1", "evaluate", "report"} <= ran
     assert not ran & {"world", "mine", "teacher", "synthself", "finetune_donor@0.001", "finetune_sft@0.001",
                       "fisher_retention", f"fisher_new@{RUN}", f"delta_graft@{RUN}", f"delta_sft@{RUN}",
+                      "finetune_candidate@pretrain_0",
                       f"mask@diagonal-0.1-{RUN}", f"fisher_share@{RUN}"}
-    assert all(s.startswith("mask@") or s in ("predict_kl", "propose", "evaluate", "diagnostics", "report", "kl_report")
+    assert all(s.startswith("mask@") or s in ("predict_kl", "propose", "evaluate", "diagnostics", "report", "kl_report",
+                                              "delta_candidate@pretrain_0", "donor_choice")
                or s.endswith(("@0.001-1", "-0.001-1")) for s in ran), ran
     points = pd.read_parquet(repo / "reports/points.parquet")
     assert sorted(points.epoch.dropna().unique()) == [1, 2] and sorted(points.rho.dropna().unique()) == [0.1, 0.2]
@@ -207,7 +235,7 @@ def test_kl_budget_moves_only_the_proposed_points(repo):
     set_param(repo, "propose", "kl_budget", 0.25 * yaml.safe_load((repo / "params.yaml").read_text())["propose"][
         "kl_budget"])
     log = run(["dvc", "repro"], repo)
-    assert ran_stages(log) == {"propose", "evaluate", "report", "kl_report"}
+    assert ran_stages(log) == {"propose", "evaluate", "report", "kl_report", "donor_choice"}
     after = pd.read_parquet(repo / "reports/kl/proposed.parquet")
     assert (after.lam <= before.lam).all() and (after.predicted_kl <= before.predicted_kl).all()
     points = pd.read_parquet(repo / "reports/points.parquet").set_index("name")
