@@ -2,9 +2,9 @@
 
 python -m stages.donor_choice
 -> reports/donors/choice.parquet: one row per donor (finetune.donor, labelled "finetune.donor", when finetune.lrs
-   has donors.lr, and every donors.candidates entry) and swept epoch at donors.lr: training loss, |D|, cos(D, post - base), the predicted
-   per-token retention KL at lam = 1 (diagonal and KFAC Fisher), and the measured hypervolume and best point of its
-   lambda frontier (read from reports/points.parquet)
+   has donors.lr, and every donors.candidates entry) and swept epoch at donors.lr: training loss, |D|,
+   cos(D, post - base), the predicted per-token retention KL at lam = 1 (diagonal and KFAC Fisher), and the
+   measured hypervolume and best point of its lambda frontier (read from reports/points.parquet)
 -> reports/donors/summary.json: per snapshot, the donors ordered by hypervolume and each signal's Spearman
    correlation with it
 -> reports/donors/frontiers.png: each donor's lambda path in (new task, old task), post marked

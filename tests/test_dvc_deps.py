@@ -71,3 +71,56 @@ def test_the_committed_world_is_current_in_dvc_lock():
     r = subprocess.run(["dvc", "status", "world", "--json"], cwd=REPO, capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout or "{}") == {}, f"dvc.lock's world entry is stale: {r.stdout}"
+
+
+# stages whose uncached regular outputs are on purpose: the committed world, the incremental evaluation (persistent
+# outputs) and the cheap report stages' PNGs
+NOT_RUN_CACHED = {"world", "evaluate", "report", "kl_report", "donor_choice"}
+
+
+def test_every_costly_stage_stays_in_dvcs_run_cache():
+    """DVC restores a stage from its run cache (a params set seen before, e.g. after `dvc exp apply` or a switch
+    back) only if no regular output is `cache: false` or `persist` (metrics and plots may be: dvc/stage run()).
+    A finetune whose loss-curve JSON was a plain uncached output retrained after every switch."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    blocking = {}
+    for name, stage in stages.items():
+        body = stage.get("do", stage)
+        for out in body.get("outs", []):
+            if isinstance(out, dict):
+                (path, opts), = out.items()
+                if opts and (opts.get("cache") is False or opts.get("persist")):
+                    blocking.setdefault(name, []).append(path)
+    assert set(blocking) == NOT_RUN_CACHED, blocking
+
+
+def test_dvc_restores_a_stage_with_an_uncached_plot_but_not_one_with_an_uncached_out(tmp_path):
+    """The rule the check above encodes, on DVC itself: switching a param back restores a stage whose loss curve is
+    an uncached plot from the run cache, and reruns one whose curve is an uncached plain output."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    write = ("import json,sys,yaml; x=yaml.safe_load(open('params.yaml'))['x']; open(sys.argv[1],'w').write(str(x)); "
+             "json.dump([{'step': 1, 'loss': x}], open(sys.argv[2],'w'))")
+    def stage(name: str, kind: str) -> dict:
+        curve = {f"{name}.json": {"cache": False}}
+        plot = {f"{name}.json": {"cache": False, "x": "step", "y": "loss"}}
+        return {"cmd": f'python -c "{write}" {name}.txt {name}.json', "params": ["x"],
+                "outs": [f"{name}.txt"] + ([curve] if kind == "outs" else []),
+                **({"plots": [plot]} if kind == "plots" else {})}
+
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"as_plot": stage("a", "plots"),
+                                                                  "as_out": stage("b", "outs")}}))
+
+    def repro(x: int) -> str:
+        (tmp_path / "params.yaml").write_text(f"x: {x}\n")
+        r = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout + r.stderr
+
+    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
+        subprocess.run(cmd, cwd=tmp_path, env=env, check=True)
+    repro(1), repro(2)
+    back = repro(1)
+    assert "Stage 'as_plot' is cached - skipping run" in back, back
+    assert "Running stage 'as_out'" in back, back
+    assert (tmp_path / "a.json").read_text() == json.dumps([{"step": 1, "loss": 1}])

@@ -84,8 +84,8 @@ def test_full_dag_runs_and_writes_the_report(repo):
     assert {"world", "mine", "teacher", "star", "rewrite@aligner", "rewrite@base", "rewrite_student", "synthself",
             "facts", "knowledge", "sources", "finetune_donor@0.001", "finetune_sft@0.001", "opsd@0.5-0.001",
             "fisher_retention", f"fisher_new@{RUN}", f"fisher_share@{RUN}", "evaluate", f"export@{EXPORTED}",
-            "delta_post", "diagnostics", "predict_kl", "propose", "report", "kl_report", "finetune_candidate@pretrain_0",
-            "delta_candidate@pretrain_0", "donor_choice"} <= ran_stages(log)
+            "delta_post", "diagnostics", "predict_kl", "propose", "report", "kl_report",
+            "finetune_candidate@pretrain_0", "delta_candidate@pretrain_0", "donor_choice"} <= ran_stages(log)
     # the sweep's 15, the candidate donor's 2 and one proposed point per family
     assert "evaluate: 22 of 22 points to score" in log
     sources = pd.read_parquet(repo / "reports/offpolicy_sources.parquet")
