@@ -39,9 +39,11 @@ def closure(entry: str) -> set[str]:
         if mod in seen:
             continue
         seen.add(mod)
-        todo += sorted(local_imports(REPO / mod) - seen)
-    # importing a module runs its packages' __init__ first
-    return seen | {f"{Path(m).parts[0]}/__init__.py" for m in seen if Path(m).parts[0] in ("graft", "stages")}
+        # importing a module runs its package's __init__ first, and whatever that imports (graft/__init__.py
+        # imports graft.openmp)
+        package_init = f"{Path(mod).parts[0]}/__init__.py"
+        todo += sorted((local_imports(REPO / mod) | {package_init}) - seen)
+    return seen
 
 
 def test_every_stage_declares_every_module_it_imports():
