@@ -41,8 +41,8 @@ def closure(entry: str) -> set[str]:
         seen.add(mod)
         # importing a module runs its package's __init__ first, and whatever that imports (graft/__init__.py
         # imports graft.openmp)
-        package_init = f"{Path(mod).parts[0]}/__init__.py"
-        todo += sorted((local_imports(REPO / mod) | {package_init}) - seen)
+        inits = {f"{Path(mod).parts[0]}/__init__.py"} if Path(mod).parts[0] in ("graft", "stages") else set()
+        todo += sorted((local_imports(REPO / mod) | inits) - seen)
     return seen
 
 
