@@ -96,3 +96,21 @@ def rank_agreement(table: pd.DataFrame) -> list[dict]:
         row.update({f"spearman_{s}": spearman(list(sub[s]), list(sub.hypervolume)) for s in SIGNALS})
         out.append(row)
     return out
+
+
+def summary_metrics(table: pd.DataFrame) -> dict:
+    """The table as the metrics ``dvc exp show`` lists, under one ``donor_choice`` key so that no name collides
+    with another metrics file's (DVC prefixes a colliding name with its file, which hides it from a user's column
+    filter): per snapshot ``lr<lr>_ep<epoch>``, each donor's hypervolume, and where two or more donors were
+    measured, the order they rank in and each signal's Spearman correlation with the hypervolume."""
+    agreement = {(r["lr"], r["epoch"]): r for r in rank_agreement(table)}
+    out: dict[str, dict] = {}
+    for (lr, epoch), sub in table.groupby(["lr", "epoch"], sort=True):
+        # a donor with no evaluated point has no hypervolume: null, not NaN (which is not JSON)
+        snap: dict = {"hypervolume": {d: None if h != h else float(h) for d, h in zip(sub.donor, sub.hypervolume)}}
+        row = agreement.get((float(lr), int(epoch)))
+        if row is not None:
+            snap["order_by_hypervolume"] = " > ".join(row["order_by_hypervolume"])
+            snap["spearman"] = {s: row[f"spearman_{s}"] for s in SIGNALS}
+        out[f"lr{float(lr)}_ep{int(epoch)}"] = snap
+    return {"donor_choice": out}

@@ -5,8 +5,8 @@ python -m stages.donor_choice
    has donors.lr, and every donors.candidates entry) and swept epoch at donors.lr: training loss, |D|,
    cos(D, post - base), the predicted per-token retention KL at lam = 1 (diagonal and KFAC Fisher), and the
    measured hypervolume and best point of its lambda frontier (read from reports/points.parquet)
--> reports/donors/summary.json: per snapshot, the donors ordered by hypervolume and each signal's Spearman
-   correlation with it
+-> reports/donors/summary.json (metrics, under one donor_choice key): per snapshot, each donor's hypervolume, the
+   donors ordered by it and each signal's Spearman correlation with it
 -> reports/donors/frontiers.png: each donor's lambda path in (new task, old task), post marked
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pandas as pd  # noqa: E402
 from graft.atomic import atomic_file, write_json, write_parquet  # noqa: E402
 from graft.cli import run_stage  # noqa: E402
 from graft.diagnostics import delta_geometry  # noqa: E402
-from graft.donor_choice import COLUMNS, epoch_losses, frontier_scores, rank_agreement  # noqa: E402
+from graft.donor_choice import COLUMNS, epoch_losses, frontier_scores, summary_metrics  # noqa: E402
 from graft.kl_prediction import per_token_kl, quadratic_forms  # noqa: E402
 from graft.points import DONOR_METHOD, POST_DELTA, candidate_delta  # noqa: E402
 from graft.retention_kl import mean_inverse_length, read_rollouts  # noqa: E402
@@ -81,8 +81,7 @@ def main() -> None:
                              **frontier_scores(mine, post_xy)})
     table = pd.DataFrame(rows, columns=COLUMNS)
     write_parquet(OUT / "choice.parquet", table)
-    write_json(OUT / "summary.json", {"post": {"new_task": post_xy[0], "old_task": post_xy[1]},
-                                      "agreement": rank_agreement(table)})
+    write_json(OUT / "summary.json", summary_metrics(table))
     plot(points, table, post_xy, p["donors"].lr)
     print(table.drop(columns=["delta", "model"]).to_string(index=False))
 

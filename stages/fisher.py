@@ -101,7 +101,8 @@ def main() -> None:
         else:   # the other processes take part in every pass's all-reduce and write nothing
             write_kfac(model, layers, mine, fmt.pad_id, p.chunk, reduce, p.kfac_layers_per_pass, None)
     if info.main:
-        write_json(f"reports/fisher/{which}.json", summary)
+        # under one key per kind, so that `dvc exp show` lists the two kinds' numbers under their own names
+        write_json(f"reports/fisher/{which}.json", {f"fisher_{args.which}": summary})
         print(f"fisher {which}: {summary}")
     if info.world > 1:
         dist.destroy_process_group()

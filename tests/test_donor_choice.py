@@ -2,13 +2,15 @@
 (the stage itself runs in the end-to-end test)."""
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
 import pytest
 import yaml
 
-from graft.donor_choice import epoch_losses, frontier_scores, hypervolume, rank_agreement, spearman
+from graft.donor_choice import (epoch_losses, frontier_scores, hypervolume, rank_agreement, spearman,
+                                summary_metrics)
 from graft.params import ParamsError
 from graft.points import DONOR_METHOD, sweep_points
 from graft.schema import validate
@@ -94,3 +96,19 @@ def test_bad_candidates_fail_naming_the_key(candidates, expect):
     with pytest.raises(ParamsError) as e:
         validate(raw)
     assert expect in str(e.value)
+
+
+def test_summary_metrics_are_one_namespaced_dict_per_snapshot():
+    table = pd.DataFrame({"donor": ["finetune.donor", "b", "a"], "lr": [1e-4, 1e-4, 1e-3], "epoch": [2, 2, 2],
+                          "train_loss": [0.3, 0.2, 0.1], "delta_norm": [1.0, 2.0, 3.0],
+                          "cosine_post": [0.1, 0.3, 0.2], "predicted_kl_diagonal": [3.0, 2.0, 1.0],
+                          "predicted_kl_kfac": [1.0, 1.0, 2.0], "hypervolume": [0.1, 0.2, 0.3]})
+    got = summary_metrics(table)
+    assert list(got) == ["donor_choice"] and sorted(got["donor_choice"]) == ["lr0.0001_ep2", "lr0.001_ep2"]
+    two = got["donor_choice"]["lr0.0001_ep2"]
+    assert two["hypervolume"] == {"finetune.donor": 0.1, "b": 0.2} and two["order_by_hypervolume"] == "b > finetune.donor"
+    assert two["spearman"]["train_loss"] == pytest.approx(-1.0) and two["spearman"]["predicted_kl_kfac"] is None
+    assert got["donor_choice"]["lr0.001_ep2"] == {"hypervolume": {"a": 0.3}}   # one donor: nothing to rank
+    json.dumps(got, allow_nan=False)
+    unmeasured = summary_metrics(table.assign(hypervolume=[float("nan"), 0.2, 0.3]))
+    assert unmeasured["donor_choice"]["lr0.0001_ep2"]["hypervolume"]["finetune.donor"] is None

@@ -126,3 +126,34 @@ def test_dvc_restores_a_stage_with_an_uncached_plot_but_not_one_with_an_uncached
     assert "Stage 'as_plot' is cached - skipping run" in back, back
     assert "Running stage 'as_out'" in back, back
     assert (tmp_path / "a.json").read_text() == json.dumps([{"step": 1, "loss": 1}])
+
+
+def test_no_metric_name_is_hidden_behind_its_file_name_in_dvc_exp_show():
+    """`dvc exp show` lists a metric under its bare name (post.new_task) only if no other metrics file or params
+    file has that name; otherwise every copy is prefixed with its file, which breaks a user's column filter (and
+    broke the queued-grid e2e test when donor_choice also wrote post.new_task). Files of one foreach stage share
+    their names by design, and so do dvclive's training logs (step, train.loss in every run's live/metrics.json);
+    the summaries of different stages must not."""
+    from collections import Counter
+
+    from dvc.repo import Repo
+    from dvc.utils.flatten import flatten
+
+    with Repo(str(REPO)) as repo:
+        owner = {out.fs_path: stage.name.split("@")[0] for stage in repo.index.stages for out in stage.outs
+                 if out.metric}
+        shown = repo.metrics.show()[""]["data"]
+        params = repo.params.show()[""]["data"]
+    names = {path: set(flatten(item["data"])) for path, item in shown.items() if "data" in item}
+    assert any("/live/" in path for path in names), sorted(names)   # the exemption below still names real files
+    names = {path: keys for path, keys in names.items() if "/live/" not in path}
+    assert "reports/metrics.json" in names and "post.new_task" in names["reports/metrics.json"], sorted(names)
+    by_stage: dict[str, set[str]] = {}
+    for path, keys in names.items():
+        by_stage.setdefault(owner[os.path.join(str(REPO), path)], set()).update(keys)
+    for item in params.values():
+        by_stage.setdefault("params", set()).update(flatten(item.get("data", {})))
+    count = Counter(n for keys in by_stage.values() for n in keys)
+    clashes = {stage: sorted(n for n in keys if count[n] > 1) for stage, keys in by_stage.items()}
+    clashes = {s: c for s, c in clashes.items() if c}
+    assert not clashes, clashes
