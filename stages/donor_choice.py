@@ -51,6 +51,12 @@ def donor_runs(p) -> list[dict]:
     return runs
 
 
+def lambda_path(points: pd.DataFrame, method: str, model: str, lr: float, epoch: int) -> pd.DataFrame:
+    """One donor's unmasked grafts post + lam * D at one snapshot, over every swept lam."""
+    mine = points[(points.method == method) & (points.donor == model) & (points.lr == lr) & (points.epoch == epoch)]
+    return mine[mine["mask"] == "none"] if method == "graft" else mine
+
+
 def main() -> None:
     p = load_all()
     lr = p["donors"].lr
@@ -68,10 +74,7 @@ def main() -> None:
             for ep, delta in run["deltas"].items():
                 with TensorReader(delta) as d:
                     forms = quadratic_forms(d, fisher, kfac)
-                mine = points[(points.method == run["method"]) & (points.donor == run["model"])
-                              & (points.lr == lr) & (points.epoch == ep)]
-                if run["method"] == "graft":
-                    mine = mine[mine["mask"] == "none"]
+                mine = lambda_path(points, run["method"], run["model"], lr, ep)
                 rows.append({"donor": run["donor"], "model": run["model"], "method": run["method"], "lr": lr,
                              "epoch": ep, "delta": delta, "train_loss": losses.get(ep, math.nan),
                              "delta_norm": math.sqrt(forms["sq_norm"]),
@@ -89,11 +92,7 @@ def main() -> None:
 def plot(points: pd.DataFrame, table: pd.DataFrame, post_xy: tuple[float, float], lr: float) -> None:
     fig, ax = plt.subplots(figsize=(7, 5))
     for r in table.itertuples():
-        mine = points[(points.method == r.method) & (points.donor == r.model) & (points.lr == lr)
-                      & (points.epoch == r.epoch)]
-        if r.method == "graft":
-            mine = mine[mine["mask"] == "none"]
-        mine = mine.sort_values("lam")
+        mine = lambda_path(points, r.method, r.model, lr, r.epoch).sort_values("lam")
         ax.plot([post_xy[0], *mine.new_task], [post_xy[1], *mine.old_task], marker="o",
                 label=f"{r.donor} ({r.model}) ep{r.epoch}: hypervolume {r.hypervolume:.3f}")
     ax.scatter([post_xy[0]], [post_xy[1]], marker="*", s=200, color="black", zorder=3, label="post")

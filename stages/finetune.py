@@ -29,7 +29,7 @@ from graft.offpolicy import check_no_leakage, heldout_tables
 from graft.schema import load_params
 from graft.sweep import require
 from graft.tables import read_table
-from graft.tensors import check_compatible
+from graft.tensors import CheckpointError, check_compatible
 from graft.training import SFTExample, encode_sft
 
 
@@ -54,7 +54,13 @@ def main() -> None:
         return
     torch.use_deterministic_algorithms(True)
     info = init_distributed(compute.device)
-    check_compatible(src, models.post)  # the graft delta of a donor is added to the post model
+    try:   # the graft delta of a donor is added to the post model: refuse a mismatch before any training
+        check_compatible(src, models.post)
+    except CheckpointError as e:
+        key = f"donors.candidates.{args.name}" if args.target == "candidate" else "finetune.donor"
+        raise CheckpointError(f"params.yaml: {key} ({src}) cannot be grafted onto models.post ({models.post}): {e}"
+                              + ("; list checkpoints of models.post's own family, or set donors.candidates: {}"
+                                 if args.target == "candidate" else "")) from None
     data_path = f"data/offpolicy/{p.source}.parquet"
     data = read_table(data_path, "offpolicy")
     check_no_leakage(data, data_path, heldout_tables(data_p.old_suites))

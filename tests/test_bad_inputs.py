@@ -205,6 +205,25 @@ def test_incompatible_donor(box, monkeypatch, capsys, case):
     assert case.expect in delta_fails(box, monkeypatch, capsys)
 
 
+@pytest.mark.parametrize("target", ["donor", "candidate"])
+def test_finetune_refuses_a_donor_of_another_family_naming_its_key(box, monkeypatch, capsys, target):
+    """Before any training: a donor (or a donor-sweep candidate, e.g. the toy world's checkpoint left in a real
+    model's params) whose shapes differ from post's is named by its params key."""
+    shutil.copytree(box / "models/base", box / "models/other")
+    _config(box, "models/other", hidden_size=96)
+    if target == "candidate":
+        edit_params(box, lambda p: p["donors"].update(candidates={"other": "models/other"}, lr=0.001))
+        argv, out, key = ["--target", "candidate", "--name", "other"], "models/finetuned/candidate_other", \
+            "donors.candidates.other"
+    else:
+        edit_params(box, lambda p: p["finetune"].update(donor="models/other"))
+        # (the box already holds this run's epoch10 snapshot: fails() still checks that no file appears)
+        argv, out, key = ["--target", "donor", "--lr", "0.001"], None, "finetune.donor"
+    err = fails("finetune", argv, monkeypatch, capsys, box, [out] if out else [])
+    assert f"{key} (models/other) cannot be grafted onto models.post (models/post)" in err
+    assert "differ in config.hidden_size: 96 vs" in err
+
+
 def test_different_tokenizer_same_size(box, monkeypatch, capsys):
     f = box / "models/base/tokenizer.json"
     tok = json.loads(f.read_text())
