@@ -28,7 +28,8 @@ from research.scenarios import summarise  # noqa: E402
 
 OUT = Path("research/real")
 COPIED = ["reports/points.parquet", "reports/pareto.png", "reports/metrics.json", "reports/diagnostics/summary.json",
-          "reports/kl/prediction.parquet", "reports/kl/summary.json", "reports/family/post.json"]
+          "reports/kl/prediction.parquet", "reports/kl/summary.json", "reports/family/post.json",
+          "reports/donors/choice.parquet", "reports/donors/summary.json", "reports/donors/frontiers.png"]
 REPLACED_WHOLE = {"old_suites", "aligners", "imports", "posttrain", "points", "offpolicy", "candidates"}   # maps of names
 
 
