@@ -78,3 +78,36 @@ def broadcast_token_lists(lists: list[list[int]] | None, info: DistInfo) -> list
         out.append(flat[at: at + length].tolist())
         at += length
     return out
+
+
+# what torchrun puts in a worker's environment; an engine replica removes them (see become_replica)
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
+                 "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+def replica_gpus(local_rank: int, gpus_per_replica: int, visible: str | None) -> str:
+    """The CUDA devices of one engine replica: its own consecutive slice of ``visible`` (CUDA_VISIBLE_DEVICES, or
+    devices 0, 1, ... when unset). Replica r of a node takes devices [r * g, (r + 1) * g)."""
+    ids = [d.strip() for d in visible.split(",") if d.strip()] if visible else None
+    want = range(local_rank * gpus_per_replica, (local_rank + 1) * gpus_per_replica)
+    if ids is None:
+        return ",".join(str(i) for i in want)
+    if want[-1] >= len(ids):
+        raise ValueError(f"replica {local_rank} needs devices {want[0]}-{want[-1]} of CUDA_VISIBLE_DEVICES="
+                         f"{visible}: generation.data_parallel_size x vllm_tensor_parallel_size is more than it lists")
+    return ",".join(ids[i] for i in want)
+
+
+def become_replica(gpus_per_replica: int) -> tuple[int, int]:
+    """In a torchrun worker that runs an engine replica on its own share of the work (no process group: replicas
+    never talk to each other): its (rank, world); its CUDA devices pinned to its own slice before anything opens
+    CUDA; and torchrun's variables removed, so an engine that sets up process groups of its own (vLLM's workers)
+    never takes itself for one of torchrun's ranks."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    os.environ["CUDA_VISIBLE_DEVICES"] = replica_gpus(local, gpus_per_replica, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    for var in TORCHRUN_VARS:
+        os.environ.pop(var, None)
+    return rank, world

@@ -105,6 +105,7 @@ SCHEMA: dict[str, dict] = {
         "vllm_memory_fraction": Field(NUM, lambda x: 0 < x <= 1, "in (0, 1]"),
         "vllm_enforce_eager": Field(BOOL),
         "vllm_tensor_parallel_size": POS_INT,   # vLLM tensor parallelism: the model split over this many devices
+        "data_parallel_size": POS_INT,   # engine replicas (torchrun processes) sharing the evaluation's points
     },
     "mine": {
         "k": POS_INT,

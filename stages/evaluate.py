@@ -11,14 +11,21 @@ code and library versions) matches the one recorded in its JSON keeps its result
 the new points. Points no longer in params.yaml are removed, so the folders always hold exactly the current sweep.
 The points the propose stage chose (reports/kl/proposed.parquet) are evaluated beside the sweep.
 
+generation.data_parallel_size > 1 splits the points to score between that many engine replicas, each a torchrun
+process with its own engine (and, on GPUs, its own devices: vllm_tensor_parallel_size each for vLLM, one for HF).
+Each point is scored whole by one engine, as a single engine scores it, so the replica count never changes a result
+and is not part of a point's key.
+
 After the engine is closed, each point's retention KL from the post model is measured on the fisher stage's
 rollouts (graft.retention_kl), under a key of its own (weights, rollouts, code): a new Fisher sample re-measures the
 KL of every point without sampling any of them again.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +35,7 @@ from tqdm import tqdm
 
 from graft.atomic import write_json, write_parquet
 from graft.cli import TIMING, run_stage
+from graft.distributed import become_replica, relaunch_under_torchrun
 from graft.evaluation import evaluate_model, evaluation_suites
 from graft.generation import open_generator
 from graft.chat import open_chat
@@ -93,9 +101,16 @@ def remove_stale(names: set[str]) -> list[str]:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description="score every sweep point (see the module's docstring)")
+    # internal: set by the stage itself when it starts its replicas under torchrun
+    ap.add_argument("--replica-points", nargs="*", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
     allp = load_all()
-    p, gen, chat, answer, models, data, ft = (allp[s] for s in ("evaluate", "generation", "chat", "answer", "models",
-                                                                 "data", "finetune"))
+    gen = allp["generation"]
+    replica = None
+    if args.replica_points is not None:   # before anything opens CUDA: this replica's devices
+        replica = become_replica(gen.vllm_tensor_parallel_size if gen.backend == "vllm" else 1)
+    p, chat, answer, models, data, ft = (allp[s] for s in ("evaluate", "chat", "answer", "models", "data", "finetune"))
     over = [k for k in p.pass_k if k > p.n_samples]
     if over:   # pass@k needs k samples of a problem: the metric would silently be missing
         raise ValueError(f"evaluate.pass_k has {over[0]}, more than evaluate.n_samples ({p.n_samples}) samples per "
@@ -105,7 +120,9 @@ def main() -> None:
     points = sweep_points(allp) + proposed_points(allp, read_parquet(PROPOSED))
     memo: dict[str, str] = {}
     device = resolve_device(allp["compute"].device)
-    settings = {"evaluate": dict(p), "generation": dict(gen), "chat": dict(chat), "answer": dict(answer),
+    # the replica count changes who scores a point, never its result
+    settings = {"evaluate": dict(p), "generation": {k: v for k, v in gen.items() if k != "data_parallel_size"},
+                "chat": dict(chat), "answer": dict(answer),
                 "suites": {k: dict(v) for k, v in data.old_suites.items()}, "source": ft.source,
                 "device": str(device), "trust_remote_code": models.trust_remote_code,
                 "engine_model": content_hash(models.post, memo),
@@ -117,6 +134,10 @@ def main() -> None:
                    "trust_remote_code": models.trust_remote_code, "code": settings["code"]}
     kl_settings_key = hashlib.sha256(json.dumps(kl_settings, sort_keys=True).encode()).hexdigest()
     kl_keys = {pt.name: kl_key(pt, kl_settings_key, memo) for pt in points}
+    if replica is not None:
+        run_replica(replica, [pt for pt in points if pt.name in set(args.replica_points)], keys, kl_keys, allp,
+                    new_task, suites, device)
+        return
     todo = [pt for pt in points if not is_current(pt, keys[pt.name])]
     for f in remove_stale({pt.name for pt in points}):
         print(f"evaluate: removed {f} (not in the sweep)")
@@ -128,7 +149,10 @@ def main() -> None:
 
     timing: dict[str, dict] = {}
     try:
-        if todo:
+        replicas = min(gen.data_parallel_size, len(todo))
+        if replicas > 1:
+            sample_on_replicas(todo, replicas, timing)
+        elif todo:
             sample_points(todo, keys, kl_keys, allp, new_task, suites, device, timing)
         measure_kl(points, kl_keys, allp, device, timing)
     finally:
@@ -136,6 +160,43 @@ def main() -> None:
             old = pd.read_parquet(TIMES) if TIMES.exists() else pd.DataFrame(columns=["name"])
             new = pd.DataFrame([{"name": k, **v} for k, v in timing.items()])
             write_parquet(TIMES, pd.concat([old[~old.name.isin(new.name)], new], ignore_index=True))
+
+
+def replica_timing(rank: int) -> Path:
+    return TIMING / f"evaluate.replica{rank}.parquet"
+
+
+def sample_on_replicas(todo: list[Point], replicas: int, timing: dict) -> None:
+    """Score ``todo`` on ``replicas`` engines: this stage again under torchrun, each process taking every
+    replicas-th point; their wall times come back through .graft/timing."""
+    names = [pt.name for pt in todo]
+    print(f"evaluate: {len(todo)} points on {replicas} engine replicas")
+    try:
+        relaunch_under_torchrun(replicas, "stages.evaluate", ["--replica-points", *names])
+    except subprocess.CalledProcessError as e:
+        raise ValueError(f"evaluate: one of {replicas} engine replicas failed (torchrun exit {e.returncode}); its "
+                         "error is printed above") from None
+    finally:
+        for rank in range(replicas):
+            path = replica_timing(rank)
+            if path.exists():
+                for row in pd.read_parquet(path).to_dict("records"):
+                    timing[row.pop("name")] = row
+                path.unlink()
+
+
+def run_replica(replica: tuple[int, int], wanted: list[Point], keys: dict[str, str], kl_keys: dict[str, str], allp,
+                new_task, suites, device) -> None:
+    """One torchrun replica: score every world-th of the points it was given, in the order given."""
+    rank, world = replica
+    share = wanted[rank::world]
+    timing: dict[str, dict] = {}
+    try:
+        if share:
+            sample_points(share, keys, kl_keys, allp, new_task, suites, device, timing)
+    finally:
+        if timing:
+            write_parquet(replica_timing(rank), pd.DataFrame([{"name": k, **v} for k, v in timing.items()]))
 
 
 KL_FIELDS = ("retention_kl", "retention_kl_rollout", "kl_tokens", "kl_key")

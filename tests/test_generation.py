@@ -170,3 +170,34 @@ def test_vllm_engine_gets_the_tensor_parallel_size_from_params(monkeypatch, tiny
                                 vllm_enforce_eager=True, vllm_tensor_parallel_size=2)
     open_generator(tiny_model_dir, gen, family_format(load_tokenizer(tiny_model_dir)), worker_extension=POINT_LOADER)
     assert seen["tensor_parallel_size"] == 2 and seen["worker_extension_cls"] == POINT_LOADER
+
+
+@pytest.mark.parametrize("visible, rank, per, want", [
+    (None, 0, 1, "0"), (None, 2, 1, "2"), (None, 1, 2, "2,3"),
+    ("4,5,6,7", 1, 2, "6,7"), ("GPU-a, GPU-b", 1, 1, "GPU-b")])
+def test_each_engine_replica_takes_its_own_devices(visible, rank, per, want):
+    from graft.distributed import replica_gpus
+
+    assert replica_gpus(rank, per, visible) == want
+
+
+def test_a_replica_past_the_visible_devices_names_the_params():
+    from graft.distributed import replica_gpus
+
+    with pytest.raises(ValueError, match="data_parallel_size x vllm_tensor_parallel_size"):
+        replica_gpus(1, 2, "0,1,2")
+
+
+def test_a_replica_drops_torchrun_variables_so_its_engine_cannot_take_them(monkeypatch):
+    """vLLM sets up process groups of its own: torchrun's RANK, WORLD_SIZE, MASTER_PORT... must not reach it."""
+    import os
+
+    from graft.distributed import TORCHRUN_VARS, become_replica
+
+    for var, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert become_replica(1) == (1, 2)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
+    assert not [v for v in TORCHRUN_VARS if v in os.environ]

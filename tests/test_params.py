@@ -40,6 +40,7 @@ def test_default_params_validate():
     (lambda d: d["generation"].update({"vllm_tensor_parallel_size": 0}), "vllm_tensor_parallel_size must be > 0"),
     (lambda d: d["generation"].update({"backend": "hf", "vllm_tensor_parallel_size": 2}),
      "tensor parallelism is vLLM's"),
+    (lambda d: d["generation"].update({"data_parallel_size": 0}), "generation.data_parallel_size must be > 0"),
     (lambda d: d["propose"].update({"predictor": "hessian"}), "propose.predictor must be one of measured"),
     (lambda d: d["propose"].update({"kl_budget": 0}), "propose.kl_budget must be > 0"),
     (lambda d: d["finetune"].update({"betas": [0.9]}), "finetune.betas must be two values"),

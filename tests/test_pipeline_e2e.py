@@ -193,6 +193,29 @@ def test_nothing_changed_nothing_runs(repo):
     assert ran_stages(run(["dvc", "repro"], repo)) == set()
 
 
+def test_engine_replicas_score_every_point_as_one_engine_does(repo, tmp_path):
+    """generation.data_parallel_size: 2 runs the evaluation as two torchrun replicas, each scoring every other point
+    with its own engine: every point's samples and JSON (metrics, retention KL, key) are byte for byte the
+    one-engine run's, because a point is scored whole by one engine and the replica count is not in its key."""
+    copy = tmp_path / "repo"
+    shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(".dvc", ".git", "__pycache__"))
+    for d in ("reports/points", "reports/samples", ".graft/timing"):
+        shutil.rmtree(copy / d, ignore_errors=True)
+    set_param(copy, "generation", "data_parallel_size", 2)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(copy))
+    r = subprocess.run([sys.executable, "-m", "stages.evaluate"], cwd=copy, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    n = len(list((repo / "reports/points").glob("*.json")))
+    assert f"evaluate: {n} points on 2 engine replicas" in r.stdout
+    for d in ("reports/points", "reports/samples"):
+        one = {f.name: f.read_bytes() for f in (repo / d).iterdir()}
+        two = {f.name: f.read_bytes() for f in (copy / d).iterdir()}
+        assert one.keys() == two.keys() and len(one) == n
+        assert [k for k in one if one[k] != two[k]] == []
+    timing = pd.read_parquet(copy / ".graft/timing/evaluate.parquet")
+    assert len(timing) == n and not list((copy / ".graft/timing").glob("evaluate.replica*"))
+
+
 def test_new_lambda_evaluates_only_the_new_points(repo):
     before = {f.name: f.read_bytes() for f in (repo / "reports/points").glob("*lam0.5*.json")}
     set_param(repo, "sweep", "lams", [0.5, 0.75])
