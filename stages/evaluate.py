@@ -151,6 +151,7 @@ def main() -> None:
     try:
         replicas = min(gen.data_parallel_size, len(todo))
         if replicas > 1:
+            check_replica_gpus(replicas, gen.vllm_tensor_parallel_size if gen.backend == "vllm" else 1)
             sample_on_replicas(todo, replicas, timing)
         elif todo:
             sample_points(todo, keys, kl_keys, allp, new_task, suites, device, timing)
@@ -164,6 +165,16 @@ def main() -> None:
 
 def replica_timing(rank: int) -> Path:
     return TIMING / f"evaluate.replica{rank}.parquet"
+
+
+def check_replica_gpus(replicas: int, per_replica: int) -> None:
+    """Where GPUs are visible, each replica needs its own (a replica pinned past the last one would find none and
+    fall back to the CPU, scoring its points differently)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() < replicas * per_replica:
+        raise ValueError(f"generation.data_parallel_size: {replicas} engine replicas x {per_replica} GPU(s) each need "
+                         f"{replicas * per_replica} GPUs; {torch.cuda.device_count()} are visible")
 
 
 def sample_on_replicas(todo: list[Point], replicas: int, timing: dict) -> None:

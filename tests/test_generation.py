@@ -201,3 +201,18 @@ def test_a_replica_drops_torchrun_variables_so_its_engine_cannot_take_them(monke
     assert become_replica(1) == (1, 2)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
     assert not [v for v in TORCHRUN_VARS if v in os.environ]
+
+
+def test_engine_replicas_refuse_more_gpus_than_are_visible(monkeypatch):
+    """Two vLLM replicas of tensor-parallel size 2 need four GPUs; with three visible the stage says so before any
+    engine starts, naming the param."""
+    import torch
+
+    from stages.evaluate import check_replica_gpus
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    check_replica_gpus(1, 2)
+    check_replica_gpus(3, 1)
+    with pytest.raises(ValueError, match=r"data_parallel_size: 2 engine replicas x 2 GPU\(s\) each need 4 GPUs; 3"):
+        check_replica_gpus(2, 2)
