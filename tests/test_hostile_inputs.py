@@ -182,6 +182,28 @@ def test_resume_key_includes_the_code():
     assert fp["graft.finetuning"] == hashlib.sha256(Path(finetuning.__file__).read_bytes()).hexdigest()
 
 
+def test_the_stage_entry_point_is_part_of_the_code_keys(monkeypatch):
+    """`python -m stages.finetune` loads the stage file as __main__ (its __spec__ names it): its code (data assembly,
+    settings) is part of the resume key and of the evaluation's point keys under its own name, as every imported
+    module is."""
+    import importlib.util
+    import sys
+    import types
+
+    from graft.finetuning import code_fingerprint
+    from stages.evaluate import code_versions
+    from tests.conftest import REPO
+
+    spec = importlib.util.find_spec("stages.finetune")
+    entry = types.ModuleType("__main__")
+    entry.__file__, entry.__spec__ = spec.origin, spec
+    monkeypatch.setitem(sys.modules, "__main__", entry)
+    monkeypatch.delitem(sys.modules, "stages.finetune", raising=False)
+    fp = code_fingerprint()
+    assert fp["stages.finetune"] == hashlib.sha256((REPO / "stages/finetune.py").read_bytes()).hexdigest()
+    assert "__main__" not in fp and "stages.finetune" in code_versions()
+
+
 def test_cuda_asked_for_where_there_is_none(box, monkeypatch, capsys):
     import torch
 
