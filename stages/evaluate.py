@@ -105,7 +105,7 @@ def main() -> None:
     gen = allp["generation"]
     replica = None
     if args.replica_points is not None:   # before anything opens CUDA: this replica's devices
-        replica = become_replica(gen.vllm_tensor_parallel_size if gen.backend == "vllm" else 1)
+        replica = become_replica(gpus_per_replica(gen))
     p, chat, answer, models, data, ft = (allp[s] for s in ("evaluate", "chat", "answer", "models", "data", "finetune"))
     over = [k for k in p.pass_k if k > p.n_samples]
     if over:   # pass@k needs k samples of a problem: the metric would silently be missing
@@ -147,7 +147,7 @@ def main() -> None:
     try:
         replicas = min(gen.data_parallel_size, len(todo))
         if replicas > 1:
-            check_replica_gpus(replicas, gen.vllm_tensor_parallel_size if gen.backend == "vllm" else 1)
+            check_replica_gpus(replicas, gpus_per_replica(gen))
             sample_on_replicas(todo, replicas, timing)
         elif todo:
             sample_points(todo, keys, kl_keys, allp, new_task, suites, device, timing)
@@ -161,6 +161,11 @@ def main() -> None:
 
 def replica_timing(rank: int) -> Path:
     return TIMING / f"evaluate.replica{rank}.parquet"
+
+
+def gpus_per_replica(gen) -> int:
+    """GPUs one engine replica takes: vLLM's tensor-parallel size, one for the HF backend."""
+    return gen.vllm_tensor_parallel_size if gen.backend == "vllm" else 1
 
 
 def check_replica_gpus(replicas: int, per_replica: int) -> None:
