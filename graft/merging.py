@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Mapping
 
 import torch
 
-from graft.kfac import kfac_project, kfac_scores
+from graft.kfac import kfac_project_rotated, kfac_rotation, kfac_scores_rotated
 from graft.selection import ScoreStore, select_top_k, top_rho_count
 from graft.tensors import (INDEX, CheckpointError, TensorReader, all_finite, check_compatible, copy_model_files,
                            read_json, write_like)
@@ -140,17 +140,27 @@ class MaskPlan:
             self._fisher_cached = (name, self.fisher.get(name))
         return self._fisher_cached[1]
 
-    def scores(self, name: str, d: torch.Tensor) -> torch.Tensor:
+    def rotation(self, name: str, d: torch.Tensor) -> torch.Tensor | None:
+        """U^T dW V for a KFAC layer (what its scores and its projection are both computed from), else None."""
+        if name not in self.kfac_names:
+            return None
+        U, _, V, _ = self.eigen(name)
+        return kfac_rotation(d, U, V)
+
+    def scores(self, name: str, d: torch.Tensor, rot: torch.Tensor | None = None) -> torch.Tensor:
+        """The tensor's scores; for a KFAC layer from ``rot`` (``rotation``'s result) when given."""
         if self.kind == "random":
             return random_scores(name, list(d.shape), self.seed)
         if name in self.kfac_names:
-            return kfac_scores(d, *self.eigen(name))
+            _, sigma, _, dq = self.eigen(name)
+            return kfac_scores_rotated(self.rotation(name, d) if rot is None else rot, sigma, dq)
         return diagonal_score(self.fisher_tensor(name), d, name)
 
-    def project(self, name: str, d: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    def project(self, name: str, d: torch.Tensor, drop: torch.Tensor, rot: torch.Tensor | None = None
+                ) -> torch.Tensor:
         if name in self.kfac_names:
             U, _, V, _ = self.eigen(name)
-            return kfac_project(d, U, V, drop)
+            return kfac_project_rotated(d, self.rotation(name, d) if rot is None else rot, U, V, drop)
         return d.float().masked_fill(drop, 0.0)
 
 
@@ -177,13 +187,21 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path, score_me
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     store = ScoreStore(total, out_dir / ".scores.spill", score_memory_share)
+    # a KFAC layer's rotation U^T dW V is kept from scoring for its projection: 4 matrix products per layer, not 6
+    kfac_total = sum(_numel(plan.delta.shape(n)) for n in names if n in plan.kfac_names) if plan.kind == "kfac" else 0
+    rotations = ScoreStore(kfac_total, out_dir / ".rotations.spill", score_memory_share)
     scored = False
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         nonlocal scored
         for name in names:
             if not scored:
-                store.put(name, plan.scores(name, plan.delta.get(name).float()))
+                d = plan.delta.get(name).float()
+                rot = plan.rotation(name, d) if plan.kind == "kfac" else None
+                store.put(name, plan.scores(name, d, rot))
+                if rot is not None:
+                    rotations.keep(name, rot)
+                del d, rot
             yield name, store.get(name)
         scored = True
 
@@ -200,24 +218,31 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path, score_me
         assert sel_name == name
         d = plan.delta.get(name).float()
         if k > 0:
-            s = store.get(name)
-            stats["score_total"] += float(s.double().sum())
-            stats["score_masked"] += float(s.double()[drop].sum())
+            s64 = store.get(name).double()
+            stats["score_total"] += float(s64.sum())
+            stats["score_masked"] += float(s64[drop].sum())
+            del s64
         stats["masked"] += int(drop.sum())
-        kept = plan.project(name, d, drop)
+        rot = rotations.get(name) if name in plan.kfac_names and k > 0 else None
+        kept = plan.project(name, d, drop, rot)
+        del rot
         if plan.fisher is not None:
-            f, d64 = plan.fisher_tensor(name).double(), d.double()
-            fd2 = f * d64 ** 2
-            fisher_total += float(fd2.sum())
+            f, d64 = plan.fisher_tensor(name), d.double()
             if name in plan.kfac_names:   # a projection: the kept update is not the delta with entries zeroed
-                fisher_removed += float((f * (d64 - kept.double()) ** 2).sum())
-                fisher_kept += float((f * kept.double() ** 2).sum())
-            else:   # entries zeroed: the same terms as above, elementwise, without recomputing them
+                # each value as f64 * x ** 2 gives it, computed in place
+                f, kept64 = f.double(), kept.double()
+                fisher_total += float((d64 * d64).mul_(f).sum())
+                removed = d64.sub_(kept64)
+                fisher_removed += float(removed.mul_(removed).mul_(f).sum())
+                fisher_kept += float(kept64.mul_(kept64).mul_(f).sum())
+            else:   # entries zeroed: the same terms, elementwise, in place (each value as f64 * d64 ** 2 gives it)
+                fd2 = d64.mul_(d64).mul_(f)
+                fisher_total += float(fd2.sum())
                 fisher_removed += float(fd2.masked_fill(~drop, 0.0).sum())
-                fisher_kept += float(fd2.masked_fill(drop, 0.0).sum())
+                fisher_kept += float(fd2.masked_fill_(drop, 0.0).sum())
         return kept
 
-    with store:
+    with store, rotations:
         write_like(plan.delta, out_dir, torch.float32, produce)
     stats["score_share_masked"] = stats["score_masked"] / stats["score_total"] if stats["score_total"] else 0.0
     if plan.fisher is not None:
@@ -245,7 +270,11 @@ def merge_tensor(post: torch.Tensor, delta: torch.Tensor, keep: torch.Tensor | N
     d = delta.float()
     if keep is not None:
         d = d * keep.to(torch.float32)
-    return (post.float() + lam * d).to(post.dtype)
+    scaled = lam * d   # a new tensor: the sum goes into it in place
+    if post.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        # post's values are exact in fp32, so the in-place fp32 add is bitwise post.float() + lam * d
+        return scaled.add_(post).to(post.dtype)
+    return (post.float() + scaled).to(post.dtype)
 
 
 def check_merged_finite(name: str, merged: torch.Tensor) -> torch.Tensor:
@@ -275,9 +304,11 @@ def merge_into_dir(post_dir: str | Path, delta_path: str | Path, lam: float, out
                 raise FloatingPointError(f"tensor {name}: {delta_path} has NaN or Inf")
             out = rule(name, w, d)
             # post + lam * d is finite only if d is: one check of the result, and the delta's only to say which
-            if not all_finite(out) and not all_finite(d):
-                raise FloatingPointError(f"tensor {name}: {delta_path} has NaN or Inf")
-            return check_merged_finite(name, out)
+            if not all_finite(out):
+                if not all_finite(d):
+                    raise FloatingPointError(f"tensor {name}: {delta_path} has NaN or Inf")
+                check_merged_finite(name, out)   # raises: the overflow of the output dtype, named
+            return out
 
         def produce(name: str):
             shape = post.shape(name)

@@ -7,7 +7,8 @@ pass marks the selection. Ties at the threshold are broken by position: tensors 
 them, elements in row-major order, earlier first. The selected count is exactly k.
 
 ``ScoreStore`` keeps scores computed once (in memory, or in a spill file when they would not fit comfortably), so
-that the passes read them back instead of recomputing them from the delta and the Fisher.
+that the passes read them back instead of recomputing them from the delta and the Fisher; a second one keeps the KFAC
+rotations the scores came from, so that the projection does not compute them again.
 """
 from __future__ import annotations
 
@@ -58,9 +59,12 @@ def kth_largest_bits(stream: ScoreStream, k: int, checked: bool = False) -> tupl
         raise ValueError(f"k={k} out of range for {total} scores")
     high, greater = _walk_down(hist, k)
     low_hist = torch.zeros(1 << LOW_BITS, dtype=torch.int64)
+    lo, hi = high << LOW_BITS, (high + 1) << LOW_BITS
     for name, scores in stream():
         b = _bits(scores, name, checked)
-        low_hist += torch.bincount(b[(b >> LOW_BITS) == high] & ((1 << LOW_BITS) - 1), minlength=low_hist.numel())
+        # one comparison over every score leaves the few at or above the bin; then those inside it
+        above = b[b >= lo]
+        low_hist += torch.bincount(above[above < hi] & ((1 << LOW_BITS) - 1), minlength=low_hist.numel())
     low, above = _walk_down(low_hist, k - greater)
     return (high << LOW_BITS) | low, greater + above, total
 
@@ -117,7 +121,11 @@ class ScoreStore:
 
     def put(self, name: str, scores: torch.Tensor) -> None:
         """Check the scores once (finite, >= 0; -0.0 made +0.0) and keep them."""
-        s = _bits(scores, name).view(torch.float32).reshape(scores.shape)
+        self.keep(name, _bits(scores, name).view(torch.float32).reshape(scores.shape))
+
+    def keep(self, name: str, values: torch.Tensor) -> None:
+        """Keep fp32 ``values`` as they are, unchecked (what scores are computed from, e.g. a KFAC rotation)."""
+        s = values.to(torch.float32).contiguous()
         if self.in_memory:
             self._mem[name] = s
             return
