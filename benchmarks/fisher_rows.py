@@ -36,9 +36,11 @@ def fisher_rows(size: Size, check: bool) -> tuple[list[Row], dict]:
     plain, _ = timed(lambda: plain_backward(model, rolls))
     note = f"{n} rollouts x 128 tokens, fp32, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters"
     rows = []
-    diag_s, fisher = timed(lambda: estimate_diag_fisher(model, rolls, 0, size.chunk))
-    rows.append(Row("diagonal Fisher, per rollout", size.name, "one plain forward + backward of the same rollout",
-                    diag_s / n, plain / n, "<= 1.3x", note=f"{note}, vmap chunk {size.chunk}"))
+    for chunk in sorted({1, size.chunk}):   # fisher.chunk 1: a plain backward per rollout; above 1: vmapped chunks
+        diag_s, fisher = timed(lambda: estimate_diag_fisher(model, rolls, 0, chunk))
+        how = "fisher.chunk 1 (one plain backward per rollout)" if chunk == 1 else f"fisher.chunk {chunk} (vmapped)"
+        rows.append(Row("diagonal Fisher, per rollout", size.name, "one plain forward + backward of the same rollout",
+                        diag_s / n, plain / n, "<= 1.3x", note=f"{note}, {how}"))
     if check:   # the vmapped estimate equals one backward per rollout, within fp32 round-off
         naive = naive_diag_fisher(model, rolls, 0)
         worst = max(float((fisher[k] - naive[k]).abs().max() / naive[k].abs().max().clamp(min=1e-30))

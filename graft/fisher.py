@@ -2,7 +2,7 @@
 
 F_j = (1/N) sum_n (d/d theta_j  (1/T_n) sum_t log p(y_t | z_n, y_<t))^2, where y_n is sampled from the post model
 itself on old-task prompt z_n. Per-sample gradients come from ``torch.func.vmap`` over a chunk of rollouts (one
-backward per chunk, not per token or per sample); squares accumulate in fp32.
+backward per chunk, not per token or per sample; a chunk of one is a plain backward); squares accumulate in fp32.
 
 Across processes (torchrun): each process takes its share of the rollouts (``rank_share``) and passes a ``reduce``
 that sums a tensor over processes in place (``torch.distributed.all_reduce``); the sums and the counts are reduced
@@ -71,9 +71,14 @@ def estimate_diag_fisher(model: torch.nn.Module, rollouts: Sequence[tuple[Sequen
     fisher = {k: torch.zeros(v.shape, dtype=torch.float32, device=dev) for k, v in params.items()}
     from torch.func import grad, vmap
 
-    per_sample = vmap(grad(lambda p, x, w: _mean_loglik(model, p, x, w)), in_dims=(None, 0, 0))
+    one = grad(lambda p, x, w: _mean_loglik(model, p, x, w))
+    per_sample = vmap(one, in_dims=(None, 0, 0))
     for start in tqdm(range(0, len(rollouts), chunk), desc="fisher", mininterval=2.0):
         ids, w = rollout_batch(rollouts[start: start + chunk], pad_id)
+        if len(ids) == 1:   # one rollout: a plain backward (vmap batching one sample only costs, attention most)
+            for k, g in one(params, ids[0].to(dev), w[0].to(dev)).items():
+                fisher[k] += g.float().pow(2)
+            continue
         grads = per_sample(params, ids.to(dev), w.to(dev))
         for k, g in grads.items():
             fisher[k] += g.float().pow(2).sum(0)

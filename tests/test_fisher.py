@@ -1,10 +1,12 @@
+import pytest
 import torch
 
 from graft.fisher import estimate_diag_fisher, naive_diag_fisher
 from graft.modeling import load_model
 
 
-def test_diag_fisher_equals_naive_per_sample_loop(tiny_model_dir, tiny_tokenizer):
+@pytest.mark.parametrize("chunk", [1, 2, 5])   # plain backwards; vmapped pairs and a single tail; one vmap of all
+def test_diag_fisher_equals_naive_per_sample_loop(tiny_model_dir, tiny_tokenizer, chunk):
     model = load_model(tiny_model_dir)
     g = torch.Generator().manual_seed(0)
     V = len(tiny_tokenizer)
@@ -12,7 +14,7 @@ def test_diag_fisher_equals_naive_per_sample_loop(tiny_model_dir, tiny_tokenizer
     for plen, rlen in [(5, 3), (7, 1), (4, 6), (6, 2), (3, 5)]:  # ragged: exercises padding
         rollouts.append((torch.randint(0, V, (plen,), generator=g).tolist(),
                          torch.randint(0, V, (rlen,), generator=g).tolist()))
-    fast = estimate_diag_fisher(model, rollouts, tiny_tokenizer.pad_token_id, chunk=2)
+    fast = estimate_diag_fisher(model, rollouts, tiny_tokenizer.pad_token_id, chunk=chunk)
     slow = naive_diag_fisher(model, rollouts, tiny_tokenizer.pad_token_id)
     assert set(fast) == set(slow)
     for name in fast:
