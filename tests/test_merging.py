@@ -53,6 +53,25 @@ def test_merge_is_fp32_math_cast_once():
     assert torch.equal(merge_tensor(post, d, torch.ones(64, dtype=torch.bool), 0.7), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_merge_bits_are_those_of_post_plus_lam_delta_in_fp32(dtype):
+    """The merge adds in place for speed; every output bit must be that of (post.float() + lam * d).to(dtype),
+    signed zeros included."""
+    g = torch.Generator().manual_seed(5)
+    post = (torch.randn(300, 257, generator=g) * 0.05).to(dtype)
+    post[0, :8] = torch.tensor([0.0, -0.0, 0.0, -0.0, 1.0, -1.0, 0.0, -0.0]).to(dtype)
+    d = torch.randn(300, 257, generator=g) * 1e-3
+    d[0, :8] = torch.tensor([0.0, 0.0, -0.0, -0.0, -1.0 / 0.75, 1.0 / 0.75, 1e-30, -1e-30])
+    keep = torch.rand(300, 257, generator=g) > 0.3
+    bits = {torch.float64: torch.int64, torch.float32: torch.int32}.get(dtype, torch.int16)
+    for lam in (0.25, 0.75, 1.5):
+        for k in (None, keep):
+            dk = d if k is None else d * k.float()
+            expected = (post.float() + lam * dk).to(dtype)
+            got = merge_tensor(post, d, k, lam)
+            assert got.dtype == dtype and torch.equal(got.view(bits), expected.view(bits)), (dtype, lam)
+
+
 def _save(model, tok, path):
     path.mkdir(parents=True)
     save_model_dir(model, tok, path)
