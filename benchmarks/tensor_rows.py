@@ -26,6 +26,19 @@ from graft.tensors import TensorReader, dtype_of, write_like
 REPO = Path(__file__).resolve().parents[1]
 MERGEKIT = REPO / ".graft/bench/mergekit-venv/bin/mergekit-yaml"   # benchmarks/setup_mergekit.sh
 RHO, LR, EPOCH = 0.01, 0.0001, 10
+# each side of a mask or merge row is timed this many times, alternating, and the medians compared: one timing of a
+# seconds-long stage moved 1.5x between runs here (dirty pages of the inputs just written, another process waking)
+REPS = 3
+
+
+def median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def settled(fn):
+    """``fn`` timed after the kernel has written back every dirty page, so no side pays for the last one's writes."""
+    os.sync()
+    return timed(fn)
 
 
 def _read_all(*paths: Path, only=lambda name: True) -> int:
@@ -68,33 +81,44 @@ def mask_rows(size: Size, delta: Path, fisher: Path, kfac: Path) -> list[Row]:
             _read_all(*files, only=only)                   # warm the page cache for both
             warm_s, entries = timed(lambda: _read_all(*files, only=only))
             reader = [sys.executable, "-m", "benchmarks.read_tensors", "--skip-factors", *map(str, files)]
-            read_s, _ = timed(lambda: subprocess.run(reader, cwd=REPO, check=True, capture_output=True))
             cmd = [sys.executable, "-m", "stages.mask", "--kind", kind, "--rho", str(RHO), "--lr", str(LR),
                    "--epoch", str(EPOCH)]
-            stage_s, r = timed(lambda: subprocess.run(cmd, cwd=box, env=env, capture_output=True, text=True))
-            if r.returncode:
-                raise SystemExit(f"mask stage failed:\n{r.stderr[-3000:]}")
+            reads, stages = [], []
+            for _ in range(REPS):
+                reads.append(settled(lambda: subprocess.run(reader, cwd=REPO, check=True, capture_output=True))[0])
+                shutil.rmtree(box / "tensors/masked", ignore_errors=True)
+                seconds, r = settled(lambda: subprocess.run(cmd, cwd=box, env=env, capture_output=True, text=True))
+                if r.returncode:
+                    raise SystemExit(f"mask stage failed:\n{r.stderr[-3000:]}")
+                stages.append(seconds)
+            read_s, stage_s = median(reads), median(stages)
             with TensorReader(delta) as dr:
                 n = sum(torch.Size(dr.shape(k)).numel() for k in dr.names())
             read = "delta + diagonal Fisher" + (" + KFAC eigenbases" if eigen_parts else "")
             rows.append(Row(f"exact global top-rho mask ({kind}), whole stage", size.name,
                             f"one streaming read of the {read}, in a fresh process", stage_s, read_s, "<= 3x",
                             note=f"rho {RHO} of {n / 1e6:.0f}M entries; both start a Python process and torch; "
-                                 f"the read alone, in this process, {warm_s:.2f} s",
-                            extra={"read_in_process_s": round(warm_s, 3)}))
+                                 f"the read alone, in this process, {warm_s:.2f} s; medians of {REPS} "
+                                 f"alternating runs (stage {_seconds(stages)}; read {_seconds(reads)})",
+                            extra={"read_in_process_s": round(warm_s, 3), "stage_s": stages, "read_s": reads}))
             shutil.rmtree(box / "tensors/masked", ignore_errors=True)
     finally:
         shutil.rmtree(box, ignore_errors=True)
     return rows
 
 
+def _seconds(xs: list[float]) -> str:
+    return ", ".join(f"{x:.3g}" for x in xs) + " s"
+
+
 def io_floor(post: Path, delta: Path, out: Path) -> float:
     """Read post and the delta tensor by tensor, write post's bytes through the same streaming writer."""
     def run():
+        shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         with TensorReader(post) as p, TensorReader(delta) as d:
             write_like(p, out, None, lambda n: (d.get(n), p.get(n))[1])
-    seconds, _ = timed(run)
+    seconds, _ = settled(run)
     return seconds
 
 
@@ -116,26 +140,37 @@ def merge_rows(size: Size, ft: Path, delta: Path, lam: float = 0.5, mergekit: bo
     for d in ("floor", "merged", "mergekit"):
         shutil.rmtree(w / d, ignore_errors=True)
     _read_all(size.post, delta)   # warm cache, as for every competitor below
-    floor = io_floor(size.post, delta, w / "floor")
     # in a fresh process, so that the private memory is the merge's own (this one holds what earlier rows freed)
     cmd = [sys.executable, "-m", "benchmarks.merge_once", str(size.post), str(delta), str(lam), str(w / "merged")]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with PrivatePeak(proc.pid) as mem:
-        wall, (out, err) = timed(proc.communicate)
-    if proc.returncode:
-        raise SystemExit(f"merge failed:\n{err[-2000:]}")
-    done = json.loads(out.strip().splitlines()[-1])
-    ours, own = done["seconds"], mem.peak - done["baseline_mb"]
+    floors, merges, walls, owns, peaks = [], [], [], [], []
+    for _ in range(REPS):
+        floors.append(io_floor(size.post, delta, w / "floor"))
+        shutil.rmtree(w / "merged", ignore_errors=True)
+        os.sync()
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with PrivatePeak(proc.pid) as mem:
+            wall, (out, err) = timed(proc.communicate)
+        if proc.returncode:
+            raise SystemExit(f"merge failed:\n{err[-2000:]}")
+        done = json.loads(out.strip().splitlines()[-1])
+        merges.append(done["seconds"])
+        walls.append(wall)
+        owns.append(mem.peak - done["baseline_mb"])
+        peaks.append(mem.peak)
+    floor, ours, wall = median(floors), median(merges), median(walls)
+    own, mem_peak = max(owns), max(peaks)
     with TensorReader(size.post) as p:
         largest = max(torch.Size(p.shape(n)).numel() for n in p.names()) * 4 / 2**20   # fp32 MB
     dtype = str(post_dtype(size)).removeprefix("torch.")
     rows = [Row("merge / export of post + lam * M(delta)", size.name, "the I/O floor: read post and delta, write "
                 "the result, no math", ours, floor, "<= 1.43x",
                 note=f"{dtype} post, fp32 delta, fp32 math, start-up excluded; 1.43x = 0.7x the floor's speed; "
-                     f"private memory {own:.0f} MB above the process after start-up ({mem.peak:.0f} MB in all), "
-                     f"largest tensor {largest:.0f} MB in fp32",
-                extra={"private_mb": round(own, 1), "process_private_mb": round(mem.peak, 1),
-                       "largest_tensor_fp32_mb": round(largest, 1)})]
+                     f"private memory {own:.0f} MB above the process after start-up ({mem_peak:.0f} MB in all; "
+                     f"largest of {REPS}), largest tensor {largest:.0f} MB in fp32; medians of {REPS} alternating runs "
+                     f"(merge {_seconds(merges)}; floor {_seconds(floors)})",
+                extra={"private_mb": round(own, 1), "process_private_mb": round(mem_peak, 1),
+                       "largest_tensor_fp32_mb": round(largest, 1), "merge_s": merges, "floor_s": floors,
+                       "merge_process_s": walls})]
     if mergekit:
         rows.append(_mergekit_row(size, ft, lam, wall, w, largest, dtype))
     shutil.rmtree(w / "floor", ignore_errors=True)
@@ -155,17 +190,26 @@ def _mergekit_row(size: Size, ft: Path, lam: float, ours: float, w: Path, larges
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     run = lambda: subprocess.run(cmd, env=env, capture_output=True, text=True)
     proc_s, r = timed(run)   # warm-up run: its own imports and the page cache
-    shutil.rmtree(w / "mergekit", ignore_errors=True)
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with PrivatePeak(p.pid) as mem:
-        secs, (out, err) = timed(p.communicate)
-    if p.returncode:
-        return Row("merge / export", size.name, "mergekit task_arithmetic on identical inputs", ours, None,
-                   ">= 2.5x", note=f"mergekit failed: {err.strip().splitlines()[-1] if err.strip() else p.returncode}")
+    runs, peak = [], 0.0
+    for _ in range(REPS):
+        shutil.rmtree(w / "mergekit", ignore_errors=True)
+        os.sync()
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with PrivatePeak(p.pid) as mem:
+            seconds, (out, err) = timed(p.communicate)
+        if p.returncode:
+            why = err.strip().splitlines()[-1] if err.strip() else p.returncode
+            return Row("merge / export", size.name, "mergekit task_arithmetic on identical inputs", ours, None,
+                       ">= 2.5x", note=f"mergekit failed: {why}")
+        runs.append(seconds)
+        peak = max(peak, mem.peak)
+    secs = median(runs)
     off, total, worst = _elements_off(w / "mergekit", w / "merged")
     return Row("merge / export, whole process", size.name,
                "mergekit 0.1.5 task_arithmetic (dtype float32) on identical inputs, whole process", ours, secs,
                ">= 2.5x",
-               note=f"both processes' wall time incl. start-up; mergekit's private memory {mem.peak:.0f} MB; "
+               note=f"both processes' wall time incl. start-up, medians of {REPS} (mergekit {_seconds(runs)}); "
+                    f"mergekit's private memory {peak:.0f} MB; "
                     f"{off / total:.2%} of its elements differ from the exact fp32 merge (largest {worst:.2g})",
-               extra={"mergekit_private_mb": round(mem.peak, 1), "mergekit_elements_off": off, "elements": total})
+               extra={"mergekit_private_mb": round(peak, 1), "mergekit_elements_off": off, "elements": total,
+                      "mergekit_s": runs})
