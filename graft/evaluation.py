@@ -1,4 +1,5 @@
-"""Scoring one model: the new task on held-out problems, the old task as the mean over suites."""
+"""Scoring one model: the new task on held-out problems, the old task as the mean over suites that grade answers;
+plain-text suites (grader ``perplexity``) are scored by likelihood (graft.text_likelihood)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +10,7 @@ import pandas as pd
 
 from graft.chat import ChatFormat, ChatSpec, answer_format
 from graft.generation import Generator, SamplingSpec, table_labels
-from graft.grading import Grader
+from graft.grading import PERPLEXITY, Grader
 from graft.passk import mean_pass_at_k
 from graft.tables import read_table
 
@@ -53,11 +54,40 @@ def evaluation_suites(allp) -> tuple[Suite, dict[str, Suite], dict[str, Path]]:
                          Grader(spec_chat, new_fmt.answer, "math"), spec)
     suites = {}
     for name, s in sorted(data.old_suites.items()):
+        if s.grader == PERPLEXITY:   # scored by likelihood beside the retention KL (text_suites), not sampled
+            continue
         paths[name] = SUITES / f"{name}.parquet"
         f = fmt_of(s)
         suites[name] = Suite(read_table(paths[name], "problems"), str(paths[name]), f,
                              Grader(spec_chat, f.answer, s.grader), spec)
     return new_task, suites, paths
+
+
+@dataclass(frozen=True)
+class TextSuite:
+    """An old suite of plain text (grader ``perplexity``): its passages as token ids of the post model's tokenizer."""
+    ids: list[list[int]]
+    name: str                # the table it was read from
+
+
+def text_suites(allp) -> tuple[dict[str, TextSuite], dict[str, Path]]:
+    """Every perplexity suite of ``data.old_suites``, tokenized and checked against ``generation.max_model_len``,
+    and the table each was read from."""
+    from graft.chat import open_chat
+    from graft.text_likelihood import check_texts, text_ids
+
+    models, data = allp["models"], allp["data"]
+    names = sorted(n for n, s in data.old_suites.items() if s.grader == PERPLEXITY)
+    if not names:
+        return {}, {}
+    fmt = open_chat(models.post, allp["chat"], allp["answer"], models.trust_remote_code)
+    out, paths = {}, {}
+    for name in names:
+        paths[name] = SUITES / f"{name}.parquet"
+        ids = [text_ids(fmt, t) for t in read_table(paths[name], "texts")["text"]]
+        check_texts(ids, allp["generation"].max_model_len, str(paths[name]))
+        out[name] = TextSuite(ids, str(paths[name]))
+    return out, paths
 
 
 def sample_and_grade(generator: Generator, suite: Suite, task: str) -> pd.DataFrame:

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from graft.chat import AnswerFormat, ChatSpec
-from graft.tables import MESSAGES, SCHEMAS, TableError, mappable_columns, read_parquet, validate_table
+from graft.tables import DERIVED_FROM, MESSAGES, SCHEMAS, TableError, mappable_columns, read_parquet, validate_table
 
 SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 # what a save_to_disk folder holds: one data set (state.json) or several splits (dataset_dict.json)
@@ -193,10 +193,10 @@ def map_columns(raw: pd.DataFrame, spec: InputSpec, schema: str, chat: ChatSpec 
     theirs = {ours: spec.columns.get(ours, ours) for ours in mappable_columns(schema)}
     messages = MESSAGES in spec.columns or (schema == "offpolicy" and MESSAGES in raw.columns
                                             and "question" not in raw.columns)
-    # problem ids come from the question unless the data set has (or the mapping names) an id column
-    derive = ("problem_id" in SCHEMAS[schema] and "problem_id" not in spec.columns
-              and "problem_id" not in raw.columns)
-    cells = [c for c in SCHEMAS[schema] if c != "source" and not (c == "problem_id" and derive)
+    # problem (text) ids come from the question (text) unless the data set has (or the mapping names) an id column
+    id_col = next((c for c in DERIVED_FROM if c in SCHEMAS[schema]), None)
+    derive = id_col is not None and id_col not in spec.columns and id_col not in raw.columns
+    cells = [c for c in SCHEMAS[schema] if c != "source" and not (c == id_col and derive)
              and not (messages and c in ("question", "think", "answer"))]
     for ours in cells + ([MESSAGES] if messages else []):
         if theirs[ours] not in raw.columns:
@@ -220,18 +220,18 @@ def map_columns(raw: pd.DataFrame, spec: InputSpec, schema: str, chat: ChatSpec 
                 if c in values and theirs[c] == col:
                     values[c] = before
         if derive:
-            values["problem_id"] = derived_id(values["question"])
+            values[id_col] = derived_id(values[DERIVED_FROM[id_col]])
         if schema == "offpolicy":
             values["source"] = source
         for c in rows:
             rows[c].append(values[c])
     out = pd.DataFrame(rows, columns=list(SCHEMAS[schema]))
     if derive and schema != "offpolicy":
-        dup = out["problem_id"].duplicated(keep=False)
+        dup = out[id_col].duplicated(keep=False)
         if dup.any():
-            first = list(out.index[dup][:2])
-            raise TableError(f"{where}: rows {first[0]} and {first[1]} have the same question (problem ids are "
-                             f"derived from the question when the data set has none); remove the duplicates or "
+            first, what = list(out.index[dup][:2]), DERIVED_FROM[id_col]
+            raise TableError(f"{where}: rows {first[0]} and {first[1]} have the same {what} ({id_col.replace('_', ' ')}s are "
+                             f"derived from the {what} when the data set has none); remove the duplicates or "
                              f"map an id column in {spec.key}.columns")
     return out
 

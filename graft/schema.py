@@ -8,7 +8,7 @@ from pathlib import Path
 from graft.params import (BOOL, DEVICES, DTYPE, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError,
                           Section, nonneg, positive, read_yaml, unit_open, validate_sections)
 from graft.chat import FORMATS, SWITCHES
-from graft.grading import GRADERS
+from graft.grading import GRADERS, PERPLEXITY, SUITE_KINDS, suite_schema
 from graft.schema_world import WORLD_SCHEMA, check_world
 from graft.tables import MESSAGES, mappable_columns
 
@@ -29,7 +29,8 @@ TABLE = {
 }
 SUITE = {
     **TABLE,
-    "grader": Field(STR, lambda s: s in GRADERS, f"one of {', '.join(GRADERS)}", default="math"),
+    # how it is scored: answers graded (math, fact, contains), or plain text by its likelihood (perplexity)
+    "grader": Field(STR, lambda s: s in SUITE_KINDS, f"one of {', '.join(SUITE_KINDS)}", default="math"),
     # the suite's own answer format and instruction; "" takes the answer section's
     "format": Field(STR, lambda s: s == "" or s in FORMATS, f"\"\" or one of {', '.join(FORMATS)}", default=""),
     "instruction": Field(STR, default=""),
@@ -235,7 +236,7 @@ def check_plain_names(key: str, names, dots: bool = False) -> None:
 def check_inputs(data: Section, knowledge: Section) -> None:
     """Column mappings name columns of the table's schema; traces come from columns or from messages, not both."""
     inputs = [("data.hard_pool", data.hard_pool, "hard_pool"), ("data.retention", data.retention, "problems")]
-    inputs += [(f"data.old_suites.{n}", s, "problems") for n, s in data.old_suites.items()]
+    inputs += [(f"data.old_suites.{n}", s, suite_schema(s.grader)) for n, s in data.old_suites.items()]
     inputs += [(f"data.offpolicy.{n}", s, "offpolicy") for n, s in data.offpolicy.items()]
     inputs += [("knowledge.facts", knowledge.facts, "facts")]
     for key, spec, schema in inputs:
@@ -293,12 +294,28 @@ def check_donors(p: dict[str, Section]) -> None:
         seen[where] = name
 
 
+def check_text_suites(suites: dict) -> None:
+    """A perplexity suite is plain text: no answers to format or mark. The old-task mean is over graded suites (a
+    perplexity is not a pass rate), so at least one suite must grade answers."""
+    for name, s in sorted(suites.items()):
+        if s.grader != PERPLEXITY:
+            continue
+        for key in ("format", "instruction", "answer_marker"):
+            if s[key]:
+                raise ParamsError(f"params.yaml: data.old_suites.{name}.{key} is set, but the suite's grader is "
+                                  f"{PERPLEXITY}: its rows are plain text scored by likelihood, with no answer")
+    if all(s.grader == PERPLEXITY for s in suites.values()):
+        raise ParamsError(f"params.yaml: data.old_suites: every suite has grader {PERPLEXITY}; the old-task score is "
+                          f"the mean over suites that grade answers ({', '.join(GRADERS)}), so name at least one")
+
+
 def check_cross(p: dict[str, Section]) -> None:
     check_world(p)
     data = p["data"]
     if not data.old_suites:
         raise ParamsError("params.yaml: data.old_suites must name at least one old-task suite")
     check_plain_names("data.old_suites", data.old_suites)
+    check_text_suites(data.old_suites)
     check_plain_names("data.offpolicy", data.offpolicy)
     taken = sorted(set(data.offpolicy) & set(SOURCES))
     if taken:

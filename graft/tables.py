@@ -17,13 +17,17 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "offpolicy": {"problem_id": "O", "question": "O", "think": "O", "answer": "O", "source": "O"},
     # knowledge-injection facts, one row per phrasing (a fact's rows in the order they are held out: last ones last)
     "facts": {"fact_id": "O", "question": "O", "answer": "O"},
+    # plain text an old suite scores by likelihood (grader ``perplexity``), one passage per row
+    "texts": {"text_id": "O", "text": "O"},
 }
 
 # text that must say something: a blank gold answer is matched by an empty reply, a blank question asks nothing
 # (a think or solution block may be empty)
-NON_BLANK = ("problem_id", "question", "answer", "fact_id")
-# tables with one row per problem (a trace table may hold several traces of one problem)
-ID_UNIQUE = ("problems", "hard_pool")
+NON_BLANK = ("problem_id", "question", "answer", "fact_id", "text_id", "text")
+# tables with one row per id (a trace table may hold several traces of one problem): schema -> its id column
+ID_UNIQUE = {"problems": "problem_id", "hard_pool": "problem_id", "texts": "text_id"}
+# where an id is derived from when a data set has none: id column -> the column it is a hash of
+DERIVED_FROM = {"problem_id": "question", "text_id": "text"}
 
 # a chat conversation (list of {role, content}) that a user's traces may give instead of question/think/answer
 MESSAGES = "messages"
@@ -77,7 +81,8 @@ def validate_table(df: pd.DataFrame, path: str | Path, schema: str) -> pd.DataFr
     if len(df) == 0:
         raise TableError(f"{path}: table is empty")
     if schema in ID_UNIQUE:
-        dup = df["problem_id"].duplicated()
+        col = ID_UNIQUE[schema]
+        dup = df[col].duplicated()
         if dup.any():
-            raise TableError(f"{path}: duplicate problem_id {df.loc[dup, 'problem_id'].iloc[0]!r}")
+            raise TableError(f"{path}: duplicate {col} {df.loc[dup, col].iloc[0]!r}")
     return df.reset_index(drop=True)

@@ -17,8 +17,9 @@ Each point is scored whole by one engine, as a single engine scores it, so the r
 and is not part of a point's key.
 
 After the engine is closed, each point's retention KL from the post model is measured on the fisher stage's
-rollouts (graft.retention_kl), under a key of its own (weights, rollouts, code): a new Fisher sample re-measures the
-KL of every point without sampling any of them again.
+rollouts (graft.retention_kl), and its perplexity and next-token accuracy on every plain-text old suite (grader
+``perplexity``, graft.text_likelihood), under a key of their own (weights, rollouts, text suites, code): a new Fisher
+sample or a changed text suite re-measures every point without sampling any of them again.
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ from tqdm import tqdm
 from graft.atomic import write_json, write_parquet
 from graft.cli import TIMING, run_stage
 from graft.distributed import become_replica, relaunch_under_torchrun
-from graft.evaluation import evaluate_model, evaluation_suites
+from graft.evaluation import TextSuite, evaluate_model, evaluation_suites, text_suites
+from graft.grading import PERPLEXITY
 from graft.generation import open_generator
 from graft.chat import open_chat
 from graft.kl_prediction import PROPOSED
@@ -44,6 +46,7 @@ from graft.modeling import resolve_device
 from graft.points import (POINT_LOADER, Point, content_hash, kl_key, point_key, point_tensors, proposed_points,
                           sweep_points)
 from graft.retention_kl import ROLLOUTS, RetentionKL, read_rollouts
+from graft.text_likelihood import text_scores
 from graft.tables import read_parquet
 from graft.schema import load_all
 from graft.tensors import check_compatible
@@ -112,6 +115,7 @@ def main() -> None:
         raise ValueError(f"evaluate.pass_k has {over[0]}, more than evaluate.n_samples ({p.n_samples}) samples per "
                          "problem; lower it or raise n_samples")
     new_task, suites, paths = evaluation_suites(allp)
+    texts, text_paths = text_suites(allp)
 
     points = sweep_points(allp) + proposed_points(allp, read_parquet(PROPOSED))
     memo: dict[str, str] = {}
@@ -119,15 +123,20 @@ def main() -> None:
     # the replica count changes who scores a point, never its result
     settings = {"evaluate": dict(p), "generation": {k: v for k, v in gen.items() if k != "data_parallel_size"},
                 "chat": dict(chat), "answer": dict(answer),
-                "suites": {k: dict(v) for k, v in data.old_suites.items()}, "source": ft.source,
+                "suites": {k: dict(v) for k, v in data.old_suites.items() if v.grader != PERPLEXITY},
+                "source": ft.source,
                 "device": str(device), "trust_remote_code": models.trust_remote_code,
                 "engine_model": content_hash(models.post, memo),
                 "data": {k: content_hash(v) for k, v in sorted(paths.items())},
                 "code": code_versions()}
     settings_key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
     keys = {pt.name: point_key(pt, settings_key, memo) for pt in points}
+    # the text suites' passages are token ids of post's tokenizer: its files are part of what they depend on
     kl_settings = {"rollouts": content_hash(ROLLOUTS), "chunk": allp["fisher"].chunk, "device": str(device),
-                   "trust_remote_code": models.trust_remote_code, "code": settings["code"]}
+                   "trust_remote_code": models.trust_remote_code, "code": settings["code"],
+                   "texts": {k: {"table": content_hash(v), "params": dict(data.old_suites[k])}
+                             for k, v in sorted(text_paths.items())},
+                   "tokenizer": settings["engine_model"] if texts else None}
     kl_settings_key = hashlib.sha256(json.dumps(kl_settings, sort_keys=True).encode()).hexdigest()
     kl_keys = {pt.name: kl_key(pt, kl_settings_key, memo) for pt in points}
     if replica is not None:
@@ -151,7 +160,7 @@ def main() -> None:
             sample_on_replicas(todo, replicas, timing)
         elif todo:
             sample_points(todo, keys, kl_keys, allp, new_task, suites, device, timing)
-        measure_kl(points, kl_keys, allp, device, timing)
+        measure_kl(points, kl_keys, allp, device, timing, texts)
     finally:
         if timing:  # wall times differ run to run: kept out of the cached outputs
             old = pd.read_parquet(TIMES) if TIMES.exists() else pd.DataFrame(columns=["name"])
@@ -214,6 +223,11 @@ def run_replica(replica: tuple[int, int], wanted: list[Point], keys: dict[str, s
 KL_FIELDS = ("retention_kl", "retention_kl_rollout", "kl_tokens", "kl_key")
 
 
+def measured_fields(allp) -> set[str]:
+    """What measure_kl writes into a point's JSON: the KL fields and each text suite's scores."""
+    return {*KL_FIELDS, *(f"old:{n}" for n, s in allp["data"].old_suites.items() if s.grader == PERPLEXITY)}
+
+
 def sample_points(todo: list[Point], keys: dict[str, str], kl_keys: dict[str, str], allp, new_task, suites, device,
                   timing: dict) -> None:
     """Score ``todo`` on every suite with one engine, writing each point's samples and JSON as it finishes (a
@@ -232,7 +246,8 @@ def sample_points(todo: list[Point], keys: dict[str, str], kl_keys: dict[str, st
             t3 = time.perf_counter()
             tokens = int(samples["n_tokens"].sum())
             old = recorded(pt)
-            kept = {k: old[k] for k in KL_FIELDS if k in old} if old.get("kl_key") == kl_keys[pt.name] else {}
+            kept = ({k: old[k] for k in measured_fields(allp) if k in old} if old.get("kl_key") == kl_keys[pt.name]
+                    else {})
             write_parquet(SAMPLES / f"{pt.name}.parquet", samples)
             write_json(POINTS / f"{pt.name}.json", {**pt.as_dict(), "key": keys[pt.name], **metrics, **kept,
                                                      "generated_tokens": tokens,
@@ -247,10 +262,13 @@ def sample_points(todo: list[Point], keys: dict[str, str], kl_keys: dict[str, st
     print(f"evaluate: engine start {engine_s:.1f}s once for {len(todo)} points")
 
 
-def measure_kl(points: list[Point], kl_keys: dict[str, str], allp, device, timing: dict) -> None:
-    """The retention KL of every point whose recorded ``kl_key`` is not the current one, added to its JSON."""
+def measure_kl(points: list[Point], kl_keys: dict[str, str], allp, device, timing: dict,
+               texts: dict[str, TextSuite]) -> None:
+    """The retention KL and text-suite scores of every point whose recorded ``kl_key`` is not the current one,
+    added to its JSON."""
     todo = [pt for pt in points if recorded(pt).get("kl_key") != kl_keys[pt.name]]
-    print(f"evaluate: {len(todo)} of {len(points)} points need their retention KL measured")
+    print(f"evaluate: {len(todo)} of {len(points)} points need their retention KL"
+          f"{' and text suites' if texts else ''} measured")
     if not todo:
         return
     models = allp["models"]
@@ -260,12 +278,14 @@ def measure_kl(points: list[Point], kl_keys: dict[str, str], allp, device, timin
     for pt in tqdm(todo, desc="retention KL", mininterval=2.0):
         t0 = time.perf_counter()
         kl = meter.measure(point_tensors(pt.model, pt.delta, pt.lam))
+        scored = {f"old:{n}": text_scores(meter.model, t.ids, meter.pad_id, meter.chunk) for n, t in texts.items()}
         rec = recorded(pt)
         write_json(POINTS / f"{pt.name}.json", {**rec, "retention_kl": kl["token"],
                                                  "retention_kl_rollout": kl["rollout"], "kl_tokens": kl["tokens"],
-                                                 "kl_key": kl_keys[pt.name]})
+                                                 **scored, "kl_key": kl_keys[pt.name]})
         timing.setdefault(pt.name, {})["kl_s"] = time.perf_counter() - t0
-        print(f"evaluate {pt.name}: retention KL {kl['token']:.3g} nats/token")
+        ppl = "".join(f", {k} perplexity {v['perplexity']:.4g}" for k, v in scored.items())
+        print(f"evaluate {pt.name}: retention KL {kl['token']:.3g} nats/token{ppl}")
 
 
 if __name__ == "__main__":

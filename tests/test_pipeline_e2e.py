@@ -216,6 +216,62 @@ def test_engine_replicas_score_every_point_as_one_engine_does(repo, tmp_path):
     assert len(timing) == n and not list((copy / ".graft/timing").glob("evaluate.replica*"))
 
 
+def test_a_text_suite_is_measured_for_every_point_without_sampling_again(repo, tmp_path):
+    """A plain-text old suite (grader perplexity) is scored by likelihood beside the retention KL: adding one
+    re-measures every point and samples none again; the old-task mean, the samples and the KL stay byte for byte;
+    post's perplexity is the one-passage-at-a-time reference's; the report shows it; a rerun measures nothing."""
+    import random
+
+    from graft.modeling import load_model, load_tokenizer
+    from tests.conftest import family_format
+    from graft.tasks import make_problem, raw_text
+    from graft.text_likelihood import brute_force_scores, text_ids
+
+    copy = tmp_path / "repo"
+    shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(".dvc", ".git", "__pycache__"))
+    rng = random.Random(11)
+    texts = [raw_text(make_problem(s, rng)) for s in ("add", "sub") for _ in range(3)] + ["<|im_start|>9+9=18"]
+    pd.DataFrame({"text": texts}).to_parquet(copy / "texts.parquet")
+    p = yaml.safe_load((copy / "params.yaml").read_text())
+    p["data"]["old_suites"]["plain"] = {"path": "texts.parquet", "grader": "perplexity"}
+    (copy / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(copy))
+
+    def stage(*args: str) -> str:
+        r = subprocess.run([sys.executable, "-m", *args], cwd=copy, env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-4000:]
+        return r.stdout
+
+    assert "suite plain: 7 texts" in stage("stages.suite", "--name", "plain")
+    log = stage("stages.evaluate")
+    n = len(list((repo / "reports/points").glob("*.json")))
+    assert f"evaluate: 0 of {n} points to score" in log
+    assert f"evaluate: {n} of {n} points need their retention KL and text suites measured" in log
+    assert {f.name: f.read_bytes() for f in (copy / "reports/samples").iterdir()} == \
+        {f.name: f.read_bytes() for f in (repo / "reports/samples").iterdir()}
+    post_dir = p["models"]["post"]
+    tokens = set()
+    for f in (repo / "reports/points").glob("*.json"):
+        was, now = json.loads(f.read_text()), json.loads((copy / "reports/points" / f.name).read_text())
+        for key in ("new_task", "old_task", "retention_kl", "old:add", "old:reverse"):
+            assert now[key] == was[key], (f.name, key)
+        plain = now["old:plain"]
+        tokens.add(plain["tokens"])
+        assert plain["texts"] == 7 and plain["perplexity"] > 1 and 0 <= plain["token_accuracy"] <= 1
+        if now["method"] == "post":
+            fmt = family_format(load_tokenizer(copy / post_dir))
+            ref = brute_force_scores(load_model(copy / post_dir, "float32"), [text_ids(fmt, t) for t in texts])
+            assert plain["nll"] == pytest.approx(ref["nll"], rel=1e-5)
+            assert plain["token_accuracy"] == ref["token_accuracy"]
+    assert len(tokens) == 1   # every point scored on the same tokens
+    stage("stages.report")
+    metrics = json.loads((copy / "reports/metrics.json").read_text())
+    assert all(m["old:plain/perplexity"] > 1 for m in metrics.values())
+    table = pd.read_parquet(copy / "reports/points.parquet")
+    assert table["old:plain/perplexity"].nunique() > 1   # the points differ, and the metric shows it
+    assert f"evaluate: 0 of {n} points need their retention KL and text suites measured" in stage("stages.evaluate")
+
+
 def test_new_lambda_evaluates_only_the_new_points(repo):
     before = {f.name: f.read_bytes() for f in (repo / "reports/points").glob("*lam0.5*.json")}
     set_param(repo, "sweep", "lams", [0.5, 0.75])
