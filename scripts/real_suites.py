@@ -12,6 +12,8 @@ the files above stay as they were:
 - arith_replay.parquet: further such problems with solutions (``hard_pool`` schema): the knowledge scenario's replay
   of the post-training task (its teacher traces, paper Appendix C)
 Every question of these two is distinct from each other and from the suites' and retention's.
+- english.parquet: short passages of plain English prose written for this project (``texts`` schema), the held-out
+  text of the ``perplexity`` old suite (no training table holds them)
 """
 from __future__ import annotations
 
@@ -36,6 +38,58 @@ FACTS = [("What is the capital of France?", "Paris"), ("What is the capital of J
          ("What is the capital of China?", "Beijing"), ("What is the capital of Canada?", "Ottawa"),
          ("What planet do we live on?", "Earth"), ("How many hours are in a day?", "24"),
          ("What is the capital of Greece?", "Athens"), ("What is the capital of Portugal?", "Lisbon")]
+
+# plain English prose, written for this project (never trained on): the perplexity suite's held-out text
+ENGLISH = [
+    "The morning train was late again, so the platform filled with people holding coffee and checking their phones. "
+    "When it finally arrived, everyone squeezed in without a word.",
+    "My grandmother kept a small garden behind her house. Every spring she planted tomatoes, beans and a row of "
+    "sunflowers that grew taller than the fence.",
+    "Rain fell all afternoon, and the streets turned into shallow rivers. Children in bright boots ran from puddle to "
+    "puddle while their parents waited under the shop awnings.",
+    "The library closes at eight on weekdays and at five on Saturdays. Books can be returned at any time through the "
+    "slot beside the main door.",
+    "He opened the old box carefully. Inside were letters tied with string, a pair of glasses and a photograph of two "
+    "young people standing by the sea.",
+    "Bread is made from flour, water, salt and yeast. The dough is kneaded, left to rise, shaped into loaves and baked "
+    "in a hot oven until the crust turns brown.",
+    "The meeting started ten minutes late because the projector would not turn on. In the end we talked through the "
+    "plan with a whiteboard and a marker.",
+    "A cold wind came down from the hills in the evening. The farmers brought the sheep into the barn and closed the "
+    "heavy wooden doors.",
+    "She learned to swim the summer she turned seven. By the end of August she could cross the lake and back without "
+    "stopping to rest.",
+    "The museum has a room full of clocks from many countries. Some are larger than a person, and one is small enough "
+    "to fit inside a ring.",
+    "After dinner we walked down to the harbor to watch the boats come in. The sky was orange, and the gulls were loud "
+    "above the fishing nets.",
+    "Most cats sleep for more than half of the day. They are often awake at dawn and at dusk, when their eyes work "
+    "best in the low light.",
+    "The recipe asks for two eggs, a cup of milk and a spoon of sugar. Mix them well before you add the flour, or the "
+    "batter will have lumps.",
+    "When the power went out, the whole street went quiet. Neighbors came outside with candles and talked until the "
+    "lights came back on.",
+    "Our teacher asked us to write about a place we love. I chose the small bridge near my school, where I stop every "
+    "day to look at the water.",
+    "The road climbed slowly through the forest. Every few miles there was a clearing with a view of the valley and "
+    "the river far below.",
+    "He fixed the broken chair with glue and two small nails. It was not pretty, but it held his weight, and that was "
+    "enough for him.",
+    "In winter the pond behind the school freezes solid. On weekends families bring skates, hot drinks and sometimes "
+    "a radio for music.",
+    "The shop on the corner sells newspapers, sweets and batteries. The owner knows every customer by name and asks "
+    "about their families.",
+    "Snow began to fall just before midnight. By morning the cars were white shapes and the town was silent except for "
+    "the sound of shovels.",
+    "The doctor told him to drink more water and to walk for half an hour each day. After a month he felt stronger "
+    "and slept better.",
+    "Two friends planned a trip along the coast. They packed a tent, a map and enough food for a week, and left before "
+    "sunrise.",
+    "The old clock in the hall stopped at a quarter past three. Nobody in the family knew how to wind it, so it stayed "
+    "that way for years.",
+    "Bees visit thousands of flowers in a single day. They carry pollen from one plant to the next, which helps fruit "
+    "and seeds to grow.",
+]
 
 # further general-knowledge questions: research/known_facts.py keeps those the base model answers greedily
 GENERAL = [("What is the capital of Ireland?", "Dublin"), ("What is the capital of Austria?", "Vienna"),
@@ -138,9 +192,11 @@ def main() -> None:
             seen.add(p["problem_id"])
             pool.append(p)
     pd.DataFrame(pool).to_parquet(OUT / "hard_pool.parquet", index=False)
+    pd.DataFrame({"text_id": [f"en-{i:02d}" for i in range(len(ENGLISH))], "text": ENGLISH}).to_parquet(
+        OUT / "english.parquet", index=False)
     n_post, n_replay = write_posttraining({r["question"] for r in arith + facts + pool})
     print(f"wrote {OUT}: arith 32, facts 16, retention {len(retention)}, hard_pool {len(pool)}, "
-          f"posttrain {n_post}, arith_replay {n_replay}")
+          f"posttrain {n_post}, arith_replay {n_replay}, english {len(ENGLISH)}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ REAL_OVERRIDES = {
     "answer": {"format": "final_line", "instruction": ""},
     "models": {"pretrain_checkpoints": [], "base": MODEL, "post": MODEL, "aligner": MODEL},
     "data": {"old_suites": {"arith": {"path": "data/real/arith.parquet", "grader": "math"},
-                            "facts": {"path": "data/real/facts.parquet", "grader": "contains"}},
+                            "facts": {"path": "data/real/facts.parquet", "grader": "contains"},
+                            # held-out English prose, scored by likelihood
+                            "english": {"path": "data/real/english.parquet", "grader": "perplexity"}},
              "hard_pool": {"path": "data/real/hard_pool.parquet"},
              "retention": {"path": "data/real/retention.parquet"}, "offpolicy": {}},
     "generation": {"backend": "hf", "batch_size": 16, "max_model_len": 512},

