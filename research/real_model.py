@@ -99,7 +99,9 @@ def margins(params: dict) -> tuple[float, float]:
     held-out mined problems' samples) and of the old task (the mean of the suites' pass@1, each over its problems x
     n_samples)."""
     kn, n = params["knowledge"], params["evaluate"]["n_samples"]
-    sizes = [len(pd.read_parquet(s["path"])) * n for s in params["data"]["old_suites"].values()]
+    # perplexity suites are beside the old-task mean, not in it
+    sizes = [len(pd.read_parquet(s["path"])) * n for s in params["data"]["old_suites"].values()
+             if s.get("grader", "math") != "perplexity"]
     var_old = sum(0.25 / m for m in sizes) / len(sizes) ** 2
     n_new = (kn["eval_facts"] * kn["heldout_phrasings"] if params["finetune"]["source"] == "knowledge"
              else params["mine"]["heldout"] * n)   # the mined held-out problems, n samples each
@@ -113,7 +115,10 @@ def write_summary(run: Path, params: dict, head: dict) -> None:
     broken.to_parquet(run / "broken_items.parquet", index=False)
     points, margin = pd.read_parquet(run / "points.parquet"), margins(params)
     summary = {**head, **summarise(points, margin), "paper_checks": paper_checks(points, margin),
-               "broken_per_point": broken.groupby("point").size().to_dict()}
+               "broken_per_point": broken.groupby("point").size().to_dict(),
+               # each plain-text suite's perplexity per point (beside the old-task mean)
+               "perplexity": {c.removeprefix("old:").removesuffix("/perplexity"): points.set_index("name")[c].to_dict()
+                              for c in points.columns if c.startswith("old:") and c.endswith("/perplexity")}}
     (run / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 

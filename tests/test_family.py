@@ -132,3 +132,17 @@ def test_the_real_post_training_data_never_holds_an_evaluation_question():
     assert len(post) == 768 and len(replay) == 128 and not post & replay
     for held in ("arith.parquet", "known_facts.parquet", "facts.parquet", "retention.parquet", "hard_pool.parquet"):
         assert not (post | replay) & questions(held), held
+
+
+def test_the_real_runs_noise_margin_leaves_perplexity_suites_out_of_the_old_task():
+    """The old-task mean is over suites that grade answers: a perplexity suite must not shrink its noise margin."""
+    from research.real_model import margins
+    from tests.conftest import REPO
+
+    graded = {"arith": {"path": str(REPO / "data/real/arith.parquet"), "grader": "math"}}
+    params = {"knowledge": {"eval_facts": 24, "heldout_phrasings": 2}, "evaluate": {"n_samples": 1},
+              "finetune": {"source": "knowledge"}, "data": {"old_suites": dict(graded)}}
+    alone = margins(params)
+    params["data"]["old_suites"]["english"] = {"path": str(REPO / "data/real/english.parquet"), "grader": "perplexity"}
+    assert margins(params) == alone
+    assert alone[1] == 2 * (0.25 / 32) ** 0.5   # 32 arithmetic problems, one sample each
