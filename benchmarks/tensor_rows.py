@@ -107,6 +107,17 @@ def mask_rows(size: Size, delta: Path, fisher: Path, kfac: Path) -> list[Row]:
     return rows
 
 
+def _process(cmd: list[str], out_dir: Path, **popen) -> tuple[float, float, int, str, str]:
+    """One fresh process writing ``out_dir`` (removed first, dirty pages written back): (seconds, peak private MB,
+    return code, stdout, stderr)."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.sync()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    with PrivatePeak(proc.pid) as mem:
+        seconds, (out, err) = timed(proc.communicate)
+    return seconds, mem.peak, proc.returncode, out, err
+
+
 def _seconds(xs: list[float]) -> str:
     return ", ".join(f"{x:.3g}" for x in xs) + " s"
 
@@ -145,18 +156,14 @@ def merge_rows(size: Size, ft: Path, delta: Path, lam: float = 0.5, mergekit: bo
     floors, merges, walls, owns, peaks = [], [], [], [], []
     for _ in range(REPS):
         floors.append(io_floor(size.post, delta, w / "floor"))
-        shutil.rmtree(w / "merged", ignore_errors=True)
-        os.sync()
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        with PrivatePeak(proc.pid) as mem:
-            wall, (out, err) = timed(proc.communicate)
-        if proc.returncode:
+        wall, peak, code, out, err = _process(cmd, w / "merged", cwd=REPO)
+        if code:
             raise SystemExit(f"merge failed:\n{err[-2000:]}")
         done = json.loads(out.strip().splitlines()[-1])
         merges.append(done["seconds"])
         walls.append(wall)
-        owns.append(mem.peak - done["baseline_mb"])
-        peaks.append(mem.peak)
+        owns.append(peak - done["baseline_mb"])
+        peaks.append(peak)
     floor, ours, wall = median(floors), median(merges), median(walls)
     own, mem_peak = max(owns), max(peaks)
     with TensorReader(size.post) as p:
@@ -192,17 +199,13 @@ def _mergekit_row(size: Size, ft: Path, lam: float, ours: float, w: Path, larges
     proc_s, r = timed(run)   # warm-up run: its own imports and the page cache
     runs, peak = [], 0.0
     for _ in range(REPS):
-        shutil.rmtree(w / "mergekit", ignore_errors=True)
-        os.sync()
-        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        with PrivatePeak(p.pid) as mem:
-            seconds, (out, err) = timed(p.communicate)
-        if p.returncode:
-            why = err.strip().splitlines()[-1] if err.strip() else p.returncode
+        seconds, used, code, out, err = _process(cmd, w / "mergekit", env=env)
+        if code:
+            why = err.strip().splitlines()[-1] if err.strip() else code
             return Row("merge / export", size.name, "mergekit task_arithmetic on identical inputs", ours, None,
                        ">= 2.5x", note=f"mergekit failed: {why}")
         runs.append(seconds)
-        peak = max(peak, mem.peak)
+        peak = max(peak, used)
     secs = median(runs)
     off, total, worst = _elements_off(w / "mergekit", w / "merged")
     return Row("merge / export, whole process", size.name,
