@@ -16,11 +16,13 @@ from typing import Callable, Iterator, Mapping
 import torch
 
 from graft.kfac import kfac_project_rotated, kfac_rotation, kfac_scores_rotated
+from graft.scratch import Scratch
 from graft.selection import ScoreStore, select_top_k, top_rho_count
 from graft.tensors import (INDEX, CheckpointError, TensorReader, all_finite, check_compatible, copy_model_files,
                            read_json, write_like)
 
 MASK_KINDS = ("none", "diagonal", "kfac", "random")
+ZERO64 = torch.zeros((), dtype=torch.float64)
 MERGE_BLOCK = 1 << 22   # elements per block of rows a merge computes at once (16 MB in fp32)
 
 
@@ -79,7 +81,8 @@ def diagonal_score(f: torch.Tensor | None, d: torch.Tensor, name: str) -> torch.
         raise CheckpointError(f"tensor {name}: Fisher shape {list(f.shape)} vs delta {list(d.shape)}")
     if not all_finite(f):
         raise FloatingPointError(f"tensor {name}: Fisher has NaN or Inf")
-    return f.float() * d.float().pow(2)
+    d = d.float()
+    return torch.mul(d, d).mul_(f.float())   # f * d^2, bitwise, with one temporary instead of two
 
 
 def random_scores(name: str, shape: list[int], seed: int) -> torch.Tensor:
@@ -197,7 +200,7 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path, score_me
         for name in names:
             if not scored:
                 d = plan.delta.get(name).float()
-                rot = plan.rotation(name, d) if plan.kind == "kfac" else None
+                rot = plan.rotation(name, d)   # None but for a KFAC layer of a kfac plan
                 store.put(name, plan.scores(name, d, rot))
                 if rot is not None:
                     rotations.keep(name, rot)
@@ -211,6 +214,12 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path, score_me
         selection = select_top_k(stream, k, checked=True)
     stats = {"entries": total, "masked": 0, "score_total": 0.0, "score_masked": 0.0}
     fisher_total = fisher_removed = fisher_kept = 0.0
+    # fp64 temporaries of the statistics live in reused buffers (graft.scratch says why); every sum is over a whole
+    # tensor's values in row-major order, as before, so each statistic is bitwise what fresh tensors gave
+    scratch = Scratch()
+
+    def as_f64(name: str, t: torch.Tensor) -> torch.Tensor:
+        return scratch.take(name, t.shape, torch.float64).copy_(t)
 
     def produce(name: str) -> torch.Tensor:
         nonlocal fisher_total, fisher_removed, fisher_kept
@@ -218,32 +227,36 @@ def write_masked_delta(plan: MaskPlan, rho: float, out_dir: str | Path, score_me
         assert sel_name == name
         d = plan.delta.get(name).float()
         if k > 0:
-            s64 = store.get(name).double()
-            stats["score_total"] += float(s64.sum())
-            stats["score_masked"] += float(s64[drop].sum())
-            del s64
-        stats["masked"] += int(drop.sum())
+            s = store.get(name)
+            stats["score_total"] += float(as_f64("a", s).sum())
+            stats["score_masked"] += float(s[drop].double().sum())
+            del s
+        stats["masked"] += int(torch.count_nonzero(drop))
         rot = rotations.get(name) if name in plan.kfac_names and k > 0 else None
         kept = plan.project(name, d, drop, rot)
         del rot
         if plan.fisher is not None:
-            f, d64 = plan.fisher_tensor(name), d.double()
+            # f stays fp32: an fp32 operand of an fp64 product is widened exactly, as f.double() did
+            f, d64 = plan.fisher_tensor(name), as_f64("a", d)
             if name in plan.kfac_names:   # a projection: the kept update is not the delta with entries zeroed
                 # each value as f64 * x ** 2 gives it, computed in place
-                f, kept64 = f.double(), kept.double()
-                fisher_total += float((d64 * d64).mul_(f).sum())
+                kept64 = as_f64("b", kept)
+                fisher_total += float(torch.mul(d64, d64, out=scratch.take("c", d.shape, torch.float64))
+                                      .mul_(f).sum())
                 removed = d64.sub_(kept64)
                 fisher_removed += float(removed.mul_(removed).mul_(f).sum())
                 fisher_kept += float(kept64.mul_(kept64).mul_(f).sum())
             else:   # entries zeroed: the same terms, elementwise, in place (each value as f64 * d64 ** 2 gives it)
                 fd2 = d64.mul_(d64).mul_(f)
                 fisher_total += float(fd2.sum())
-                fisher_removed += float(fd2.masked_fill(~drop, 0.0).sum())
+                fisher_removed += float(torch.where(drop, fd2, ZERO64, out=scratch.take("b", d.shape, torch.float64))
+                                        .sum())
                 fisher_kept += float(fd2.masked_fill_(drop, 0.0).sum())
         return kept
 
     with store, rotations:
         write_like(plan.delta, out_dir, torch.float32, produce)
+    scratch.clear()
     stats["score_share_masked"] = stats["score_masked"] / stats["score_total"] if stats["score_total"] else 0.0
     if plan.fisher is not None:
         stats["fisher_share_removed"] = fisher_removed / fisher_total if fisher_total else 0.0

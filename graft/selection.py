@@ -19,13 +19,16 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from graft.scratch import Scratch
+
 ScoreStream = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 LOW_BITS = 15   # a non-negative fp32 pattern is 31 bits: 16 high (pass 1) + 15 low (pass 2)
 
 
-def _bits(scores: torch.Tensor, name: str, checked: bool = False) -> torch.Tensor:
+def _bits(scores: torch.Tensor, name: str, checked: bool = False, owned: bool = False) -> torch.Tensor:
     """The scores' fp32 bit patterns as int32 (order-preserving), after checking they are finite and >= 0 (unless
-    ``checked``: scores already checked, with -0.0 already made +0.0, as ``ScoreStore`` keeps them)."""
+    ``checked``: scores already checked, with -0.0 already made +0.0, as ``ScoreStore`` keeps them). ``owned``: fp32
+    scores nobody else holds, made +0.0 in place instead of in a copy."""
     s = scores.reshape(-1).to(torch.float32)
     if checked:
         return s.view(torch.int32)
@@ -35,7 +38,8 @@ def _bits(scores: torch.Tensor, name: str, checked: bool = False) -> torch.Tenso
             raise FloatingPointError(f"tensor {name}: scores contain NaN or Inf")
         if lo < 0:
             raise ValueError(f"tensor {name}: scores must be non-negative")
-    s = s + 0.0  # -0.0 -> +0.0, so equal values have equal bit patterns
+    # -0.0 -> +0.0, so equal values have equal bit patterns
+    s = s.add_(0.0) if owned else s + 0.0
     return s.view(torch.int32)
 
 
@@ -51,10 +55,13 @@ def kth_largest_bits(stream: ScoreStream, k: int, checked: bool = False) -> tupl
     """(bit pattern of the k-th largest score, how many scores are strictly greater, total count); k >= 1."""
     hist = torch.zeros(1 << (31 - LOW_BITS), dtype=torch.int64)
     total = 0
+    scratch = Scratch()
     for name, scores in stream():
         b = _bits(scores, name, checked)
         total += b.numel()
-        hist += torch.bincount(b >> LOW_BITS, minlength=hist.numel())
+        top = torch.bitwise_right_shift(b, LOW_BITS, out=scratch.take("high bits", b.shape, torch.int32))
+        hist += torch.bincount(top, minlength=hist.numel())
+    scratch.clear()
     if not 1 <= k <= total:
         raise ValueError(f"k={k} out of range for {total} scores")
     high, greater = _walk_down(hist, k)
@@ -120,8 +127,9 @@ class ScoreStore:
         self._file = None if self.in_memory else open(self.spill, "w+b")
 
     def put(self, name: str, scores: torch.Tensor) -> None:
-        """Check the scores once (finite, >= 0; -0.0 made +0.0) and keep them."""
-        self.keep(name, _bits(scores, name).view(torch.float32).reshape(scores.shape))
+        """Check the scores once (finite, >= 0; -0.0 made +0.0) and keep them. The store takes ``scores`` over: fp32
+        scores are normalised in place, and the caller must not use them afterwards."""
+        self.keep(name, _bits(scores, name, owned=True).view(torch.float32).reshape(scores.shape))
 
     def keep(self, name: str, values: torch.Tensor) -> None:
         """Keep fp32 ``values`` as they are, unchecked (what scores are computed from, e.g. a KFAC rotation)."""

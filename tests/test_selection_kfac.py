@@ -223,3 +223,65 @@ def test_fisher_share_top(tmp_path):
     fisher = {"w": torch.tensor([100.0] + [1.0] * 99)}
     delta = _write(tmp_path, "d.safetensors", {"w": torch.ones(100)})
     assert fisher_share_top(fisher, delta, 0.01) == pytest.approx(100 / 199)
+
+
+@pytest.mark.parametrize("kind", ["diagonal", "random", "kfac"])
+def test_mask_statistics_are_bitwise_those_of_fresh_temporaries(tmp_path, kind):
+    """The stage reuses buffers for its fp64 statistics (graft.scratch); every number it reports must equal, to the
+    bit, the same sums over freshly made tensors, including when a large tensor comes before and after small ones."""
+    g = torch.Generator().manual_seed(5)
+    w = "model.layers.0.mlp.up_proj.weight"
+    delta = {"model.embed_tokens.weight": torch.randn(300, 40, generator=g) * 1e-3, w: torch.randn(24, 16, generator=g),
+             "model.norm.weight": torch.randn(16, generator=g), "lm_head.weight": torch.randn(200, 40, generator=g)}
+    fisher = {k: torch.rand(v.shape, generator=g) ** 3 for k, v in delta.items()}
+    dr, fr = _write(tmp_path, "d.safetensors", delta), _write(tmp_path, "f.safetensors", fisher)
+    U, _ = torch.linalg.qr(torch.randn(24, 24, generator=g))
+    Vm, _ = torch.linalg.qr(torch.randn(16, 16, generator=g))
+    sig, dd = torch.rand(24, generator=g), torch.rand(16, generator=g)
+    kfac = _write(tmp_path, "k.safetensors", {f"{w}.P_eigvecs": U, f"{w}.P_eigvals": sig, f"{w}.Q_eigvecs": Vm,
+                                              f"{w}.Q_eigvals": dd})
+    plan = MaskPlan(kind, dr, fr, kfac, seed=1)
+    stats = write_masked_delta(plan, 0.03, tmp_path / "out")
+    out = dict(TensorReader(tmp_path / "out").items())
+    names = dr.ordered_names()
+    scores = {}
+    for n in names:
+        d = delta[n]
+        if kind == "random":
+            scores[n] = random_scores(n, list(d.shape), 1)
+        elif kind == "kfac" and n == w:
+            scores[n] = sig[:, None] * dd[None, :] * (U.T @ d @ Vm).pow(2)
+        else:
+            scores[n] = fisher[n].float() * d.float().pow(2)
+    k = top_rho_count(sum(d.numel() for d in delta.values()), 0.03)
+    drop = dict(select_top_k(lambda: ((n, scores[n]) for n in names), k))
+    ref = {"score_total": 0.0, "score_masked": 0.0, "ft": 0.0, "fr": 0.0, "fk": 0.0}
+    for n in names:   # the formulas as they were written before the buffers, each temporary a fresh tensor
+        s64, d64, f = scores[n].double(), delta[n].double(), fisher[n]
+        ref["score_total"] += float(s64.sum())
+        ref["score_masked"] += float(s64[drop[n]].sum())
+        if kind == "kfac" and n == w:
+            f64, kept64 = f.double(), out[n].double()
+            ref["ft"] += float((d64 * d64).mul_(f64).sum())
+            removed = d64.sub_(kept64)
+            ref["fr"] += float(removed.mul_(removed).mul_(f64).sum())
+            ref["fk"] += float(kept64.mul_(kept64).mul_(f64).sum())
+        else:
+            fd2 = d64.mul_(d64).mul_(f)
+            ref["ft"] += float(fd2.sum())
+            ref["fr"] += float(fd2.masked_fill(~drop[n], 0.0).sum())
+            ref["fk"] += float(fd2.masked_fill_(drop[n], 0.0).sum())
+    assert stats["masked"] == k
+    assert stats["score_total"] == ref["score_total"] and stats["score_masked"] == ref["score_masked"]
+    assert stats["fisher_share_removed"] == ref["fr"] / ref["ft"]
+    assert stats["fisher_share_kept"] == ref["fk"] / ref["ft"]
+
+
+def test_score_store_takes_scores_over_and_makes_negative_zero_positive(tmp_path):
+    from graft.selection import ScoreStore
+    s = torch.tensor([-0.0, 2.0, 0.0])
+    with ScoreStore(3, tmp_path / "spill") as store:
+        store.put("a", s)
+        assert store.get("a").view(torch.int32).tolist() == [0, torch.tensor(2.0).view(torch.int32).item(), 0]
+        with pytest.raises(ValueError, match="tensor b"):
+            store.put("b", torch.tensor([1.0, -1.0]))
