@@ -27,7 +27,8 @@ import numpy as np
 import pandas as pd
 
 from graft.chat import AnswerFormat, ChatSpec
-from graft.tables import DERIVED_FROM, MESSAGES, SCHEMAS, TableError, mappable_columns, read_parquet, validate_table
+from graft.tables import (DERIVED_FROM, MESSAGES, OPTIONAL, SCHEMAS, TableError, mappable_columns, read_parquet,
+                          validate_table)
 
 SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 # what a save_to_disk folder holds: one data set (state.json) or several splits (dataset_dict.json)
@@ -198,13 +199,16 @@ def map_columns(raw: pd.DataFrame, spec: InputSpec, schema: str, chat: ChatSpec 
     derive = id_col is not None and id_col not in spec.columns and id_col not in raw.columns
     cells = [c for c in SCHEMAS[schema] if c != "source" and not (c == id_col and derive)
              and not (messages and c in ("question", "think", "answer"))]
+    # an optional column is carried when the mapping names it (then it must exist) or the data set has ours
+    extra = [c for c in OPTIONAL.get(schema, ()) if c in spec.columns or c in raw.columns]
+    cells += extra
     for ours in cells + ([MESSAGES] if messages else []):
         if theirs[ours] not in raw.columns:
             how = (f"mapped to {ours} by {spec.key}.columns" if ours in spec.columns
                    else f"our name for {ours}; map yours in {spec.key}.columns")
             raise TableError(f"{where}: column {theirs[ours]!r} not found ({how}); the data set has "
                              f"{', '.join(map(str, raw.columns)) or 'no columns'}")
-    rows: dict[str, list[str]] = {c: [] for c in SCHEMAS[schema]}
+    rows: dict[str, list[str]] = {c: [] for c in list(SCHEMAS[schema]) + extra}
     for i in range(len(raw)):
         rec = raw.iloc[i]
         values = {c: _cell_text(rec[theirs[c]], where, i, theirs[c], allow_numbers=c in NUMBERS_AS_TEXT)
@@ -225,7 +229,7 @@ def map_columns(raw: pd.DataFrame, spec: InputSpec, schema: str, chat: ChatSpec 
             values["source"] = source
         for c in rows:
             rows[c].append(values[c])
-    out = pd.DataFrame(rows, columns=list(SCHEMAS[schema]))
+    out = pd.DataFrame(rows, columns=list(SCHEMAS[schema]) + extra)
     if derive and schema != "offpolicy":
         dup = out[id_col].duplicated(keep=False)
         if dup.any():

@@ -1,7 +1,8 @@
 """On-policy self-distillation (OPSD), the on-policy baseline (paper §2 and Appendix C).
 
 For each problem the student (the model being trained) samples one response to the plain prompt; a frozen copy of the
-starting model, prompted with the same problem plus the off-policy demonstration, is the teacher. The loss is the sum
+starting model, prompted with the same problem plus the off-policy demonstration (or, for knowledge QA pairs, a
+passage stating the facts: opsd.teacher_context), is the teacher. The loss is the sum
 over response tokens of D_alpha(teacher || student) between next-token distributions restricted to the teacher's
 top-k tokens. Both prompts come from the same ``ChatFormat.prompt_ids`` (the model's own template), so the response is
 scored under the same template the student sampled it with.
@@ -70,11 +71,23 @@ def demonstration_question(question: str, think: str, answer: str) -> str:
     return f"{question}\n\nA worked solution:\n{shown}\n\nNow solve the problem."
 
 
+def passage_question(question: str, passage: str) -> str:
+    """The teacher's user turn for a knowledge QA pair (paper Appendix C): a passage stating the facts, then the
+    question; the answer is never shown, the teacher has to read it out of the passage."""
+    return f"Read this passage:\n{passage}\n\nUsing the passage, answer the question.\n{question}"
+
+
 @dataclass(frozen=True)
 class OPSDExample:
     question: str
     think: str
     answer: str
+    passage: str = ""   # non-empty: the teacher reads this passage instead of the demonstration
+
+    def teacher_question(self) -> str:
+        if self.passage:
+            return passage_question(self.question, self.passage)
+        return demonstration_question(self.question, self.think, self.answer)
 
 
 class OPSDObjective:
@@ -93,8 +106,7 @@ class OPSDObjective:
             p.requires_grad_(False)
 
         self.student_prompts = [fmt.prompt_ids(e.question) for e in self.examples]
-        self.teacher_prompts = [fmt.prompt_ids(demonstration_question(e.question, e.think, e.answer))
-                                for e in self.examples]
+        self.teacher_prompts = [fmt.prompt_ids(e.teacher_question()) for e in self.examples]
         limits = (("student", self.student_prompts, max_len, "finetune.max_len"),
                   ("teacher", self.teacher_prompts, teacher_max_len or max_len,
                    "generation.max_model_len" if teacher_max_len else "finetune.max_len"))

@@ -174,6 +174,9 @@ SCHEMA: dict[str, dict] = {
         "temperature": POS_NUM,
         "max_new_tokens": POS_INT,
         "seed": SEED,
+        # what the teacher reads beside the problem: the training row's worked solution and answer, or (knowledge
+        # QA pairs; replay traces keep their solution) the passage stating the facts (check_cross)
+        "teacher_context": Field(STR, lambda s: s in ("demonstration", "passage"), "one of demonstration, passage"),
     },
     "fisher": {
         "n_rollouts": POS_INT,
@@ -327,6 +330,10 @@ def check_cross(p: dict[str, Section]) -> None:
     if source not in SOURCES and source not in data.offpolicy:
         raise ParamsError(f"params.yaml: finetune.source must be one of {', '.join(SOURCES)} or a key of "
                           f"data.offpolicy {sorted(data.offpolicy)}, got {source!r}")
+    if p["opsd"].teacher_context == "passage" and source != "knowledge":
+        raise ParamsError(f"params.yaml: opsd.teacher_context is passage, but finetune.source is {source!r}: only "
+                          "the knowledge source has passages (set finetune.source: knowledge, or teacher_context: "
+                          "demonstration)")
     check_plain_names("synthself.aligners", p["synthself"].aligners)
     check_plain_names("export.points", p["export"].points, dots=True)
     if len(set(p["sweep"].lams)) != len(p["sweep"].lams):

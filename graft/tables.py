@@ -31,6 +31,9 @@ DERIVED_FROM = {"problem_id": "question", "text_id": "text"}
 
 # a chat conversation (list of {role, content}) that a user's traces may give instead of question/think/answer
 MESSAGES = "messages"
+# text columns a schema may carry beside its own, kept (and mappable) when the data set has them: a fact's passage,
+# which OPSD's teacher reads (opsd.teacher_context passage)
+OPTIONAL: dict[str, tuple[str, ...]] = {"facts": ("passage",)}
 
 
 def mappable_columns(schema: str) -> tuple[str, ...]:
@@ -38,7 +41,7 @@ def mappable_columns(schema: str) -> tuple[str, ...]:
     input's name)."""
     if schema == "offpolicy":
         return ("problem_id", "question", "think", "answer", MESSAGES)
-    return tuple(SCHEMAS[schema])
+    return tuple(SCHEMAS[schema]) + OPTIONAL.get(schema, ())
 
 
 class TableError(ValueError):

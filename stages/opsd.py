@@ -3,8 +3,9 @@
 python -m stages.opsd --alpha A --lr L  ->  models/opsd/alpha<A>_lr<L>/epoch<e>/ (HF model dirs),
     reports/opsd/alpha<A>_lr<L>.json (loss curve), .graft/timing/opsd_alpha<A>_lr<L>.parquet (per-step seconds
     split into sampling and update; a measurement, not a DVC output)
-Each step: the student samples one response per problem, a frozen demonstration-conditioned copy of the post model
-scores it, and the student follows D_alpha on the teacher's top-k tokens (graft/opsd.py).
+Each step: the student samples one response per problem, a frozen copy of the post model conditioned on the
+demonstration (or, opsd.teacher_context passage, on the knowledge passage of data/knowledge/passages.parquet) scores
+it, and the student follows D_alpha on the teacher's top-k tokens (graft/opsd.py).
 """
 from __future__ import annotations
 
@@ -26,7 +27,27 @@ from graft.offpolicy import check_no_leakage, heldout_tables
 from graft.opsd import OPSDExample, OPSDObjective
 from graft.schema import load_params
 from graft.sweep import require
-from graft.tables import read_table
+from graft.tables import read_parquet, read_table
+
+
+PASSAGES = "data/knowledge/passages.parquet"
+
+
+def teacher_passages(data: pd.DataFrame, teacher_context: str) -> dict[str, str]:
+    """problem_id -> the passage the teacher reads (teacher_context passage: every knowledge QA pair of the training
+    mix must have one; replay traces keep their demonstration); empty for demonstration."""
+    if teacher_context != "passage":
+        return {}
+    table = read_parquet(PASSAGES)
+    passages = dict(zip(table["problem_id"], table["passage"]))
+    qa = data.loc[data["source"] == "knowledge", "problem_id"]
+    missing = [pid for pid in qa if pid not in passages]
+    if missing:
+        raise ValueError(f"opsd: opsd.teacher_context is passage, but {len(missing)} of {len(qa)} knowledge QA pairs "
+                         f"have no passage in {PASSAGES} (e.g. {missing[0]!r}): the facts table "
+                         f"(knowledge.facts) needs a 'passage' column (or one mapped to it in "
+                         f"knowledge.facts.columns), or set opsd.teacher_context: demonstration")
+    return {pid: passages[pid] for pid in qa}
 
 
 def main() -> None:
@@ -49,7 +70,9 @@ def main() -> None:
     teacher = copy.deepcopy(model).eval()  # frozen: the post model conditioned on the demonstration
     tokenizer = load_tokenizer(models.post, models.trust_remote_code)
     fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
-    examples = [OPSDExample(q, t, a) for q, t, a in zip(data["question"], data["think"], data["answer"])]
+    passages = teacher_passages(data, o.teacher_context)
+    examples = [OPSDExample(q, t, a, passages.get(pid, "")) for pid, q, t, a in
+                zip(data["problem_id"], data["question"], data["think"], data["answer"])]
     objective = OPSDObjective(teacher, tokenizer, fmt, examples, args.alpha, o.top_k, o.temperature,
                               gen.top_p, o.max_new_tokens, o.seed, p.max_len, teacher_max_len=gen.max_model_len)
     name = f"alpha{args.alpha}_lr{args.lr}"

@@ -12,7 +12,8 @@ from graft.distributed import DistInfo
 from graft.finetuning import (SupervisedObjective, TrainSpec, epoch_plan, rank_micro_batches, token_loss_sum,
                               train)
 from graft.modeling import load_model
-from graft.opsd import OPSDExample, OPSDObjective, demonstration_question, generalized_jsd, topk_divergence
+from graft.opsd import (OPSDExample, OPSDObjective, demonstration_question, generalized_jsd, passage_question,
+                        topk_divergence)
 from graft.training import IGNORE, SFTExample, encode_sft, warmup_cosine
 from tests.conftest import family_format, run_worker
 from tests.ddp_worker import EXAMPLES
@@ -243,6 +244,22 @@ def test_opsd_bounds_the_student_by_max_len_and_the_teacher_by_its_own_limit(tin
         OPSDObjective(*args, seed=0, max_len=student_len + 3, teacher_max_len=teacher_len + 4)
     with pytest.raises(ValueError, match=r"teacher prompt .* exceeds finetune.max_len"):   # no teacher bound given
         OPSDObjective(*args, seed=0, max_len=student_len + 4)
+
+
+def test_opsd_teacher_reads_the_passage_instead_of_the_answer(tiny_model_dir, tiny_tokenizer):
+    """teacher_context passage (knowledge QA pairs): the teacher's prompt holds the passage and the question, never
+    the training answer's "Final answer" line; a row without a passage keeps its demonstration; the student's prompt
+    is the plain question either way."""
+    fmt = family_format(tiny_tokenizer)
+    passage = "Velmora is a realm. It was founded by Dran Kos."
+    examples = [OPSDExample("Who founded Velmora?", "", "Dran Kos", passage), OPSDExample("9-3=?", "9-3=6", "6")]
+    obj = OPSDObjective(load_model(tiny_model_dir), tiny_tokenizer, fmt, examples, 0.5, 20, 1.0, 1.0, 8, seed=0,
+                        max_len=256)
+    assert obj.teacher_prompts[0] == fmt.prompt_ids(passage_question("Who founded Velmora?", passage))
+    assert obj.teacher_prompts[1] == fmt.prompt_ids(demonstration_question("9-3=?", "9-3=6", "6"))
+    assert obj.student_prompts == [fmt.prompt_ids("Who founded Velmora?"), fmt.prompt_ids("9-3=?")]
+    shown = tiny_tokenizer.decode(obj.teacher_prompts[0])
+    assert passage in shown and "Who founded Velmora?" in shown and "Final answer" not in shown
 
 
 def test_opsd_teacher_equal_to_student_gives_zero_loss_without_demonstration_effect(tiny_model_dir, tiny_tokenizer):

@@ -94,6 +94,21 @@ def test_training_on_an_old_suite_is_leakage_too(box, monkeypatch, capsys):
     assert "held-out evaluation problems of old suite add" in err
 
 
+def test_opsd_passage_teacher_without_passages(box, monkeypatch, capsys):
+    """A user's facts table without a passage column, and opsd.teacher_context passage: the stage names the missing
+    passages (no silent fall-back to the answer) and writes nothing."""
+    _offpolicy(box, "knowledge", pd.DataFrame({"problem_id": ["f0_p0"], "question": ["Who founded Brevik?"],
+                                               "think": [""], "answer": ["Dran Kos"]}))
+    (box / "data/knowledge").mkdir(exist_ok=True)
+    pd.DataFrame({"problem_id": pd.Series(dtype=object), "passage": pd.Series(dtype=object)}).to_parquet(
+        box / "data/knowledge/passages.parquet")
+    edit_params(box, lambda p: (p["finetune"].update(source="knowledge"), p["opsd"].update(teacher_context="passage")))
+    before = tree_hashes(box / "data")
+    err = fails("opsd", ["--alpha", "0.5", "--lr", "0.001"], monkeypatch, capsys, box, ["models/opsd", ".graft"])
+    assert "opsd.teacher_context is passage, but 1 of 1 knowledge QA pairs have no passage" in err and "'f0_p0'" in err
+    assert tree_hashes(box / "data") == before
+
+
 def test_merge_overflowing_fp16_is_refused(box, delta_dir, monkeypatch, capsys):
     f = box / "models/post/model.safetensors"
     save_file({k: v.half() for k, v in load_file(str(f)).items()}, str(f), metadata={"format": "pt"})

@@ -229,7 +229,27 @@ def test_a_users_facts_become_training_and_held_out_phrasings(tmp_path):
     pd.testing.assert_frame_equal(again[1], held)
 
 
+def test_a_users_fact_passages_are_carried_mapped_or_as_they_are(tmp_path):
+    """The optional passage column (OPSD's teacher reads it) survives a column mapping under the user's name or
+    ours, and is absent when the data set has none."""
+    texts = ["Ostmark: capital Brevik.", "Ostmark: founded 1841.", "Ostmark: emblem otter."]
+    rows = [dict(r, context=texts[r["id"]]) for r in USER_FACTS]
+    mapped = read_input(spec(user_facts(tmp_path, rows), key="knowledge.facts",
+                             columns=dict(FACT_COLUMNS, passage="context")), "facts")
+    assert mapped.passage.tolist() == [texts[r["id"]] for r in USER_FACTS]
+    ours = [{"id": r["id"], "prompt": r["prompt"], "target": r["target"], "passage": texts[r["id"]]}
+            for r in USER_FACTS]
+    same = read_input(spec(user_facts(tmp_path, ours, "ours.jsonl"), key="knowledge.facts", columns=FACT_COLUMNS),
+                      "facts")
+    assert same.passage.tolist() == mapped.passage.tolist()
+    plain = read_input(spec(user_facts(tmp_path, USER_FACTS, "plain.jsonl"), key="knowledge.facts",
+                            columns=FACT_COLUMNS), "facts")
+    assert "passage" not in plain.columns
+
+
 @pytest.mark.parametrize("rows, kw, message", [
+    (USER_FACTS, {"columns": dict(FACT_COLUMNS, passage="context")},
+     "column 'context' not found (mapped to passage by knowledge.facts.columns)"),
     (USER_FACTS[:4], {"columns": FACT_COLUMNS}, "fact '1' has 1 phrasing(s) and 2 fact(s) have no more than "
                                                 "knowledge.heldout_phrasings (1)"),
     (USER_FACTS + [dict(USER_FACTS[0], id=7, prompt="capital of  OSTMARK?")], {"columns": FACT_COLUMNS},
@@ -267,7 +287,8 @@ def default_params() -> dict:
                                                     "knowledge or a key of data.offpolicy [], got 'mine'"),
     (lambda d: d["data"]["hard_pool"].update(path=""), "data.hard_pool.path must be a non-empty path"),
     (lambda d: d["knowledge"]["facts"].update(columns={"problem_id": "id"}),
-     "knowledge.facts.columns.problem_id is not a column graft reads (for this input: fact_id, question, answer)"),
+     "knowledge.facts.columns.problem_id is not a column graft reads (for this input: fact_id, question, answer, "
+     "passage)"),
     (lambda d: d["knowledge"].update(heldout_phrasings=8),
      "knowledge.heldout_phrasings (8) must be below knowledge.invent.phrasings (8)"),
     (lambda d: d["knowledge"].update(entities=5), "knowledge.entities"),

@@ -52,6 +52,9 @@ def test_default_params_validate():
     (lambda d: d["finetune"].update({"dtype": "fp8"}), "finetune.dtype must be one of"),
     (lambda d: d["chat"].update({"thinking": "yes"}), "chat.thinking must be true or false"),
     (lambda d: d["world"]["student"].update({"num_key_value_heads": 3}), "world.student.num_attention_heads"),
+    (lambda d: d["opsd"].update({"teacher_context": "wiki"}), "opsd.teacher_context must be one of demonstration"),
+    (lambda d: d["opsd"].update({"teacher_context": "passage"}),
+     "opsd.teacher_context is passage, but finetune.source is 'synthself'"),
 ])
 def test_bad_params_name_the_key(mutate, message):
     d = copy.deepcopy(DEFAULT)

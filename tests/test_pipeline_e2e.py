@@ -359,6 +359,7 @@ def test_new_learning_rate_finetunes_only_that_rate(repo):
 
 def test_knowledge_source_trains_on_facts_and_scores_held_out_phrasings(repo):
     set_param(repo, "finetune", "source", "knowledge")
+    set_param(repo, "opsd", "teacher_context", "passage")   # the paper's knowledge OPSD: the teacher reads a passage
     # one point of each method is enough here (the sweep itself is tested above), and keeps this test short
     for key, value in (("epochs", [2]), ("lams", [1.0]), ("masks", ["diagonal"])):
         set_param(repo, "sweep", key, value)
@@ -371,6 +372,9 @@ def test_knowledge_source_trains_on_facts_and_scores_held_out_phrasings(repo):
     assert sorted(new.problem_id) == sorted(held.problem_id) and (new["sample"] == 0).all()  # greedy, one each
     trained = pd.read_parquet(repo / "data/offpolicy/knowledge.parquet")
     assert not set(held.question) & set(trained.question)
+    passages = pd.read_parquet(repo / "data/knowledge/passages.parquet")   # what the OPSD teacher read
+    assert set(passages.problem_id) == set(trained.problem_id[trained.source == "knowledge"])
+    assert "opsd@0.5-0.001" in ran and (repo / "models/opsd/alpha0.5_lr0.001/epoch2").is_dir()
     run(["git", "checkout", "HEAD", "--", "."], repo)  # HEAD: autostage put dvc.lock in the index
     run(["git", "clean", "-fdq", "models", "reports"], repo)
     run(["dvc", "checkout", "--force"], repo)           # outputs back to what dvc.lock records

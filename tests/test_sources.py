@@ -13,7 +13,9 @@ from graft.knowledge import RELATIONS, invent_facts, phrasing_table
 from graft.likelihood import mean_token_nll
 from graft.modeling import load_model
 from graft.generation import Completion
-from graft.offpolicy import mix_knowledge, select_aligner, star_traces
+from graft.offpolicy import mix_knowledge, normalised_question, select_aligner, star_traces
+from graft.passages import passage_table, with_passages
+from graft.tables import TableError
 from graft.training import SFTExample, encode_sft
 from tests.conftest import family_grader
 
@@ -64,6 +66,40 @@ def test_knowledge_heldout_phrasings_never_trained():
     assert invent_facts(30, 5, seed=1) == facts and invent_facts(30, 5, seed=2) != facts
     chosen = evaluated_facts(held, 10, seed=3)
     assert chosen.fact_id.nunique() == 10 and len(chosen) == 20 and chosen.equals(evaluated_facts(held, 10, seed=3))
+
+
+def test_invented_passages_state_every_fact_of_their_entity_in_no_question_phrasing():
+    facts = invent_facts(12, 5, seed=4)
+    table = with_passages(phrasing_table(facts, phrasings=8), facts)
+    qa = number_phrasings(table, "facts", "knowledge.facts")
+    passages = passage_table(table, qa, "facts")
+    assert list(passages.problem_id) == list(qa.problem_id)
+    for f in facts:
+        rows = table[table.fact_id == f.fact_id]
+        assert rows.passage.nunique() == 1
+        text = rows.passage.iloc[0]
+        assert text.startswith(f.entity) and f.answer in text
+        # every fact of the entity, and nothing of another entity's (names are unique across the world)
+        assert all(g.answer in text for g in facts if g.entity == f.entity)
+        assert not any(g.entity in text for g in facts if g.entity != f.entity)
+        # declarative, not a question: no phrasing (held out or trained) appears in it
+        assert not any(normalised_question(t.format(e=f.entity)).rstrip("?.") in normalised_question(text)
+                       for t in RELATIONS[f.relation][1])
+
+
+def test_passage_table_is_empty_without_the_column_and_refuses_bad_passages():
+    rows = pd.DataFrame({"fact_id": ["a", "a", "b", "b"], "question": ["q1?", "q2?", "q3?", "q4?"],
+                         "answer": ["x", "x", "y", "y"]})
+    qa = number_phrasings(rows, "f.parquet", "knowledge.facts")
+    assert passage_table(rows, qa, "f.parquet").empty
+    good = rows.assign(passage=["A x.", "A x.", "B y.", "B y."])
+    assert list(passage_table(good, qa, "f.parquet").passage) == ["A x.", "A x.", "B y.", "B y."]
+    with pytest.raises(TableError, match=r"f.parquet: fact 'b' has 2 different passages"):
+        passage_table(rows.assign(passage=["A x.", "A x.", "B y.", "B z."]), qa, "f.parquet")
+    with pytest.raises(TableError, match=r"f.parquet: row 1: column 'passage' must be non-blank text \(1 row"):
+        passage_table(rows.assign(passage=["A x.", " ", "B y.", "B y."]), qa, "f.parquet")
+    with pytest.raises(TableError, match=r"row 3: column 'passage' must be non-blank text"):
+        passage_table(rows.assign(passage=["A x.", "A x.", "B y.", None]), qa, "f.parquet")
 
 
 def test_knowledge_mix_gives_qa_an_empty_think_and_keeps_trace_thinking(tiny_tokenizer, tiny_fmt):
