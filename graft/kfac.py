@@ -140,7 +140,7 @@ def kfac_project(dW: torch.Tensor, U: torch.Tensor, V: torch.Tensor, drop: torch
     """Remove the selected eigen-directions: U ((1 - drop) * (U^T dW V)) V^T. Nothing dropped: dW exactly."""
     if not bool(drop.any()):
         return dW.float()
-    return kfac_project_rotated(dW, kfac_rotation(dW, U, V), U, V, drop)
+    return U @ kfac_rotation(dW, U, V).masked_fill(drop, 0.0) @ V.T
 
 
 def write_kfac(model: torch.nn.Module, layers: Sequence[str], rollouts: Sequence[tuple[Sequence[int], Sequence[int]]],
