@@ -3,8 +3,9 @@
     python research/real_model.py knowledge --seed 0      # from the repository root, venv active, clean workspace
 
 writes params.yaml = the committed params.yaml with research/real/<scenario>.yaml's keys replaced (and
-knowledge.seed = --seed: another invented fact world, the same model family), runs `dvc repro` (the family stages
-import the model from its pip wheel and post-train it; DVC caches every model), copies the points, Pareto plot,
+knowledge.seed = --seed: another invented fact world, the same model family; in a scenario that does not train on
+knowledge, mine.seed = --seed too: other held-out problems and other mining samples), runs `dvc repro` (the family
+stages import the model from its pip wheel and post-train it; DVC caches every model), copies the points, Pareto plot,
 diagnostics and KL report to research/real/<scenario>-seed<S>/ with the wall time, then restores the committed
 params.yaml and dvc.lock (`dvc checkout` brings the default's outputs back from the cache).
 """
@@ -125,7 +126,10 @@ def write_summary(run: Path, params: dict, head: dict) -> None:
 def scenario_params(committed: str, scenario: str, seed: int) -> dict:
     over = yaml.safe_load((Path(__file__).resolve().parent / "real" / f"{scenario}.yaml").read_text())
     params = overlay(yaml.safe_load(committed), over)
-    params["knowledge"]["seed"] = seed
+    params["knowledge"]["seed"] = seed   # the invented fact world
+    if params["finetune"]["source"] != "knowledge":
+        # a mined scenario: which problems are held out as the new task, and mining's own samples
+        params["mine"]["seed"] = seed
     return params
 
 

@@ -111,6 +111,8 @@ def test_the_committed_real_scenarios_are_valid_params(tmp_path):
         p = scenario_params((REPO / "params.yaml").read_text(), path.stem, seed=1)
         v = validate(yaml.safe_load(yaml.safe_dump(p)))
         assert v["knowledge"].seed == 1 and v["family"].posttrain
+        # a mined scenario's seed also draws other held-out problems; a knowledge one keeps the committed mining
+        assert v["mine"].seed == (0 if v["finetune"].source == "knowledge" else 1)
         tables = [s.path for s in v["data"].old_suites.values()] + [v["data"].hard_pool.path,
                                                                   v["data"].retention.path]
         tables += [r.data.path for r in v["family"].posttrain.values()]
