@@ -41,7 +41,7 @@ def with_passages(table: pd.DataFrame, facts: list[Fact]) -> pd.DataFrame:
 
 
 def passage_table(facts: pd.DataFrame, qa: pd.DataFrame, where: str) -> pd.DataFrame:
-    """problem_id -> passage for the QA pairs ``qa`` (numbered from ``facts``): the facts table's optional
+    """problem_id -> passage for the QA pairs ``qa`` (numbered from ``facts``, any subset): the facts table's optional
     ``passage`` column, which must be non-blank text and the same for every phrasing of a fact. Empty (the columns
     only) when the table has none."""
     if PASSAGE not in facts.columns:

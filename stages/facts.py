@@ -1,8 +1,8 @@
 """facts: the embedded default's knowledge-injection facts, invented so that no model can know them beforehand.
 
 -> data/facts/invented.parquet (a ``facts`` table: fact_id, entity, relation, phrasing, question, answer, passage
-   (the entity's, graft.passages); one row per phrasing). The knowledge stage reads it when knowledge.facts.path points here, as it does by default; point
-   that key at your own facts table instead and this output goes unused.
+   (the entity's, graft.passages); one row per phrasing). The knowledge stage reads it when knowledge.facts.path
+   points here, as it does by default; point that key at your own facts table instead and this output goes unused.
 """
 from __future__ import annotations
 

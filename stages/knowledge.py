@@ -31,14 +31,13 @@ def main() -> None:
     check_apart(OUTS, {"knowledge.facts.path": spec.path})
     facts = read_input(spec, "facts")
     qa = number_phrasings(facts, spec.path, "knowledge.facts")
-    passages = passage_table(facts, qa, spec.path)
     train, heldout = split_phrasings(qa, p.heldout_phrasings, spec.path)
+    passages = passage_table(facts, train, spec.path)
     heldout = evaluated_facts(heldout, p.eval_facts, p.seed)
     replay = read_table("data/offpolicy/teacher.parquet", "offpolicy")
     write_parquet("data/knowledge/train.parquet", train)
     write_parquet("data/knowledge/heldout.parquet", heldout)
-    write_parquet("data/knowledge/passages.parquet",
-                  passages[passages.problem_id.isin(train.problem_id)].reset_index(drop=True))
+    write_parquet("data/knowledge/passages.parquet", passages)
     write_parquet(OUTS["its training mix"], mix_knowledge(train, replay))
     print(f"knowledge: {qa.fact_id.nunique()} facts from {describe(spec)}; {len(train)} training QA pairs "
           f"+ {len(replay)} replay traces; {len(heldout)} held-out questions ({p.eval_facts} facts); "
