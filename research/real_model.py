@@ -123,9 +123,16 @@ def write_summary(run: Path, params: dict, head: dict) -> None:
     (run / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
-def scenario_params(committed: str, scenario: str, seed: int) -> dict:
+def scenario_overlay(scenario: str) -> dict:
+    """research/real/<scenario>.yaml's keys; a file with ``extends: <other>`` is <other>'s keys with its own replaced
+    (a cut-down run of a scenario names what it changes, nothing more)."""
     over = yaml.safe_load((Path(__file__).resolve().parent / "real" / f"{scenario}.yaml").read_text())
-    params = overlay(yaml.safe_load(committed), over)
+    parent = over.pop("extends", None)
+    return overlay(scenario_overlay(parent), over) if parent else over
+
+
+def scenario_params(committed: str, scenario: str, seed: int) -> dict:
+    params = overlay(yaml.safe_load(committed), scenario_overlay(scenario))
     params["knowledge"]["seed"] = seed   # the invented fact world
     if params["finetune"]["source"] != "knowledge":
         # a mined scenario: which problems are held out as the new task, and mining's own samples
