@@ -172,6 +172,8 @@ def main() -> None:
             print(f"{run}: dvc repro failed after {wall:.0f} s (failed.txt)")
             return
         for path in map(Path, COPIED):
+            if path.parent.name == "donors" and not params["donors"]["candidates"]:
+                continue   # one donor, nothing chosen: its report would only restate the donor's frontier
             if path.exists():
                 shutil.copyfile(path, run / (path.name if path.parent.name == "reports" else
                                              f"{path.parent.name}_{path.name}"))

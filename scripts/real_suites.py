@@ -14,6 +14,11 @@ the files above stay as they were:
 Every question of these two is distinct from each other and from the suites' and retention's.
 - english.parquet: short passages of plain English prose written for this project (``texts`` schema), the held-out
   text of the ``perplexity`` old suite (no training table holds them)
+A shorter hard skill, from a third seed (the multiplication above is one no method learned, README "The hard-skill
+scenario"): a two-digit number times a one-digit number, worked the same way:
+- hard_pool_short.parquet: 256 such problems with a worked solution (``hard_pool`` schema)
+- hard_probe_short.parquet: 64 more, disjoint from the pool: where research/hard_skill_probe.py measures whether the
+  skill is learnable from the pool's traces at all, so that choice is never made on a scenario's evaluation set
 """
 from __future__ import annotations
 
@@ -139,6 +144,26 @@ def multiplication(rng: random.Random, i: int) -> dict:
     return {"problem_id": f"mul-{a}-{b}", "question": f"What is {a} * {b}?", "answer": str(a * b), "solution": sol}
 
 
+def short_multiplication(rng: random.Random) -> dict:
+    a, b = rng.choice([n for n in range(12, 99) if n % 10]), rng.randint(3, 9)
+    tens, ones = a // 10 * 10, a % 10
+    sol = (f"Split {a} into {tens} and {ones}. {tens} * {b} = {tens * b}. {ones} * {b} = {ones * b}. "
+           f"Add them: {tens * b} + {ones * b} = {a * b}.")
+    return {"problem_id": f"smul-{a}-{b}", "question": f"What is {a} * {b}?", "answer": str(a * b), "solution": sol}
+
+
+def write_short_multiplication(taken: set[str]) -> tuple[int, int]:
+    rng, rows = random.Random(2), []
+    while len(rows) < 256 + 64:
+        r = short_multiplication(rng)
+        if r["question"] not in taken:
+            taken.add(r["question"])
+            rows.append(r)
+    pd.DataFrame(rows[:256]).to_parquet(OUT / "hard_pool_short.parquet", index=False)
+    pd.DataFrame(rows[256:]).to_parquet(OUT / "hard_probe_short.parquet", index=False)
+    return 256, 64
+
+
 def worked_problem(rng: random.Random, i: int, prefix: str) -> dict:
     """A one- or two-step word problem in the suite's style, with the arithmetic written out."""
     name, thing = rng.choice(NAMES), rng.choice(THINGS)
@@ -194,9 +219,12 @@ def main() -> None:
     pd.DataFrame(pool).to_parquet(OUT / "hard_pool.parquet", index=False)
     pd.DataFrame({"text_id": [f"en-{i:02d}" for i in range(len(ENGLISH))], "text": ENGLISH}).to_parquet(
         OUT / "english.parquet", index=False)
-    n_post, n_replay = write_posttraining({r["question"] for r in arith + facts + pool})
+    taken = {r["question"] for r in arith + facts + pool}
+    n_post, n_replay = write_posttraining(taken)
+    n_short, n_probe = write_short_multiplication(taken)
     print(f"wrote {OUT}: arith 32, facts 16, retention {len(retention)}, hard_pool {len(pool)}, "
-          f"posttrain {n_post}, arith_replay {n_replay}, english {len(ENGLISH)}")
+          f"posttrain {n_post}, arith_replay {n_replay}, english {len(ENGLISH)}, hard_pool_short {n_short}, "
+          f"hard_probe_short {n_probe}")
 
 
 if __name__ == "__main__":

@@ -132,8 +132,15 @@ def test_the_real_post_training_data_never_holds_an_evaluation_question():
 
     post, replay = questions("posttrain.parquet"), questions("arith_replay.parquet")
     assert len(post) == 768 and len(replay) == 128 and not post & replay
-    for held in ("arith.parquet", "known_facts.parquet", "facts.parquet", "retention.parquet", "hard_pool.parquet"):
-        assert not (post | replay) & questions(held), held
+    held = ("arith.parquet", "known_facts.parquet", "facts.parquet", "retention.parquet", "hard_pool.parquet",
+            "hard_pool_short.parquet", "hard_probe_short.parquet")
+    for name in held:
+        assert not (post | replay) & questions(name), name
+    # the short skill's learnability probe never shares a question with its pool (nor either with the suites)
+    short, probe = questions("hard_pool_short.parquet"), questions("hard_probe_short.parquet")
+    assert len(short) == 256 and len(probe) == 64 and not short & probe
+    for name in held[:5]:
+        assert not (short | probe) & questions(name), name
 
 
 def test_the_real_runs_noise_margin_leaves_perplexity_suites_out_of_the_old_task():
