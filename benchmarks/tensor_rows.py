@@ -101,10 +101,37 @@ def mask_rows(size: Size, delta: Path, fisher: Path, kfac: Path) -> list[Row]:
                                  f"the read alone, in this process, {warm_s:.2f} s; medians of {REPS} "
                                  f"alternating runs (stage {_seconds(stages)}; read {_seconds(reads)})",
                             extra={"read_in_process_s": round(warm_s, 3), "stage_s": stages, "read_s": reads}))
+            if kind == "kfac":
+                inputs = _kfac_inputs(delta, kfac)
+                products = [timed(lambda: _kfac_products(inputs))[0] for _ in range(REPS)]
+                del inputs
+                rows.append(Row("KFAC mask against its own arithmetic", size.name,
+                                "its matrix products alone (U^T dW V and U R V^T of every KFAC layer, inputs in "
+                                "memory, in this process)", stage_s, median(products), "",
+                                note=f"a diagnostic, no goal: the stage cannot go below these products on this CPU, so "
+                                     f"3x a read is reachable only where they cost less; products "
+                                     f"{_seconds(products)}",
+                                extra={"products_s": products}))
             shutil.rmtree(box / "tensors/masked", ignore_errors=True)
     finally:
         shutil.rmtree(box, ignore_errors=True)
     return rows
+
+
+def _kfac_inputs(delta: Path, kfac: Path) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(dW, U, V) of every KFAC layer, read into memory."""
+    with TensorReader(delta) as d, TensorReader(kfac) as k:
+        layers = [n[: -len(".P_eigvecs")] for n in k.names() if n.endswith(".P_eigvecs")]
+        return [(d.get(n).float().clone(), k.get(f"{n}.P_eigvecs").clone(), k.get(f"{n}.Q_eigvecs").clone())
+                for n in layers]
+
+
+def _kfac_products(inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+    """The four fp32 matrix products the KFAC mask does per layer (two to score, two to project every layer with a
+    dropped direction): the arithmetic the stage is made of, without its I/O or selection."""
+    for dW, U, V in inputs:
+        rot = U.T @ dW @ V
+        U @ rot @ V.T
 
 
 def _process(cmd: list[str], out_dir: Path, **popen) -> tuple[float, float, int, str, str]:
