@@ -75,8 +75,13 @@ def paper_checks(points: pd.DataFrame, margin: tuple[float, float]) -> dict:
     graft = points[points.method == "graft"]
     lam = float(graft.lam.max())
     out: dict[str, dict] = {}
-    checks = {"graft family > opsd": (points[points.method.str.fullmatch(r"graft(_diagonal|_kfac|_random)?")],
-                                      points[points.method == "opsd"])}
+    family = points[points.method.str.fullmatch(r"graft(_diagonal|_kfac|_random)?")]
+    opsd = points[points.method == "opsd"]
+    checks = {"graft family > opsd": (family, opsd)}
+    for alpha in sorted(opsd.alpha.dropna().unique()) if opsd.alpha.nunique() > 1 else []:
+        # each OPSD objective on its own, and the other way round (an OPSD point may be the one that dominates)
+        checks[f"graft family > opsd alpha {alpha}"] = (family, opsd[opsd.alpha == alpha])
+        checks[f"opsd alpha {alpha} > graft family"] = (opsd[opsd.alpha == alpha], family)
     for mask in ("diagonal", "kfac", "random"):
         rho_family = pd.concat([graft[graft.lam == lam],
                                 points[(points.method == f"graft_{mask}") & (points.lam == lam)]])

@@ -155,3 +155,29 @@ def test_the_real_runs_noise_margin_leaves_perplexity_suites_out_of_the_old_task
     params["data"]["old_suites"]["english"] = {"path": str(REPO / "data/real/english.parquet"), "grader": "perplexity"}
     assert margins(params) == alone
     assert alone[1] == 2 * (0.25 / 32) ** 0.5   # 32 arithmetic problems, one sample each
+
+
+def test_the_paper_checks_compare_each_opsd_objective_both_ways():
+    """With two OPSD alphas the graft family is checked against each alone and each against it: one dominating OPSD
+    point must show up even where the pooled check says the graft family wins nothing."""
+    from research.real_model import paper_checks
+
+    def pt(name, method, new, old, lam=None, rho=None, alpha=None):
+        return {"name": name, "method": method, "new_task": new, "old_task": old, "lam": lam, "rho": rho,
+                "alpha": alpha}
+
+    points = pd.DataFrame([pt("post", "post", 0.0, 0.5), pt("g1", "graft", 0.4, 0.3, lam=1.0),
+                           pt("k", "graft_kfac", 0.3, 0.45, lam=1.0, rho=0.01),
+                           pt("o0", "opsd", 0.6, 0.5, alpha=0.0), pt("o5", "opsd", 0.0, 0.1, alpha=0.5)])
+    checks = paper_checks(points, (0.01, 0.01))
+    assert checks["opsd alpha 0.0 > graft family"]["exact"] and not checks["graft family > opsd alpha 0.0"]["exact"]
+    assert checks["graft family > opsd alpha 0.5"]["beyond_noise"]
+    assert not checks["graft family > opsd"]["exact"]
+
+
+def test_a_scenario_that_extends_another_changes_only_what_it_names():
+    from research.real_model import scenario_overlay
+
+    cut, full = scenario_overlay("knowledge_opsd"), scenario_overlay("knowledge")
+    assert "extends" not in cut and cut["sweep"]["rhos"] == [0.01]
+    assert {k: v for k, v in cut.items() if k != "sweep"} == {k: v for k, v in full.items() if k != "sweep"}
