@@ -181,3 +181,21 @@ def test_a_scenario_that_extends_another_changes_only_what_it_names():
     cut, full = scenario_overlay("knowledge_opsd"), scenario_overlay("knowledge")
     assert "extends" not in cut and cut["sweep"]["rhos"] == [0.01]
     assert {k: v for k, v in cut.items() if k != "sweep"} == {k: v for k, v in full.items() if k != "sweep"}
+
+
+def test_the_held_out_english_text_is_in_no_real_training_table():
+    """The perplexity suite measures held-out prose: no sentence of it (nor a passage whole) is in a table the real
+    family or a real scenario trains on (post-training, replay, the hard pools and their solutions)."""
+    import re
+
+    from tests.conftest import REPO
+
+    def sentences(text: str) -> set[str]:
+        return {s.strip().lower() for s in re.split(r"(?<=[.!?])\s+", text) if len(s.strip()) > 20}
+
+    held = set().union(*map(sentences, pd.read_parquet(REPO / "data/real/english.parquet").text))
+    assert len(held) >= 24
+    for name in ("posttrain.parquet", "arith_replay.parquet", "hard_pool.parquet", "hard_pool_short.parquet"):
+        table = pd.read_parquet(REPO / "data/real" / name)
+        text = " ".join(table[c].astype(str).str.cat(sep=" ") for c in table.columns if table[c].dtype == object)
+        assert not held & sentences(text), name
