@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from graft.chat import ChatFormat  # noqa: E402
@@ -29,6 +28,8 @@ from graft.grading import Grader  # noqa: E402
 from graft.modeling import load_model, load_tokenizer  # noqa: E402
 from graft.training import OptimConfig, SFTExample, finetune_sft  # noqa: E402
 from research.greedy_check import ANSWER, CHAT  # noqa: E402
+
+MAX_LEN = 128   # the real scenarios' finetune.max_len
 
 
 def graded(gen: HFGenerator, fmt: ChatFormat, table: pd.DataFrame, spec: SamplingSpec) -> tuple[float, list[str]]:
@@ -69,7 +70,7 @@ def main() -> None:
         row["probe_greedy_before"], row["before_texts"] = graded(gen, fmt, probe, greedy)
         row[f"probe_pass_at_1_t1_before ({args.samples} samples)"], _ = graded(gen, fmt, probe, sampled)
         examples = [SFTExample(q, s, a) for q, s, a in zip(train.question, train.solution, train.answer)]
-        losses = finetune_sft(model, fmt, examples, 128, args.batch, args.epochs, OptimConfig(lr=args.lr), seed=0,
+        losses = finetune_sft(model, fmt, examples, MAX_LEN, args.batch, args.epochs, OptimConfig(lr=args.lr), seed=0,
                               desc=f"probe {model_dir.name}")
         row["loss_first_last"] = [round(losses[0], 4), round(losses[-1], 4)]
         row["probe_greedy_after"], row["after_texts"] = graded(gen, fmt, probe, greedy)
@@ -78,7 +79,6 @@ def main() -> None:
         report["models"][str(model_dir)] = row
         print(json.dumps({str(model_dir): row}, indent=1), flush=True)
         del model, gen
-        torch.manual_seed(0)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
 
