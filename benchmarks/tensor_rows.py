@@ -21,6 +21,7 @@ import yaml
 
 from benchmarks.common import PrivatePeak, Row, timed
 from benchmarks.sizes import Size, post_dtype, work_dir
+from graft.kfac import kfac_rotation
 from graft.tensors import TensorReader, dtype_of, write_like
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,8 +131,7 @@ def _kfac_products(inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     """The four fp32 matrix products the KFAC mask does per layer (two to score, two to project every layer with a
     dropped direction): the arithmetic the stage is made of, without its I/O or selection."""
     for dW, U, V in inputs:
-        rot = U.T @ dW @ V
-        U @ rot @ V.T
+        U @ kfac_rotation(dW, U, V) @ V.T
 
 
 def _process(cmd: list[str], out_dir: Path, **popen) -> tuple[float, float, int, str, str]:

@@ -152,13 +152,21 @@ def short_multiplication(rng: random.Random) -> dict:
     return {"problem_id": f"smul-{a}-{b}", "question": f"What is {a} * {b}?", "answer": str(a * b), "solution": sol}
 
 
-def write_short_multiplication(taken: set[str]) -> tuple[int, int]:
-    rng, rows = random.Random(2), []
-    while len(rows) < 256 + 64:
-        r = short_multiplication(rng)
+def distinct_rows(make, n: int, taken: set[str]) -> list[dict]:
+    """``n`` rows from ``make(i)`` (``i``: rows kept so far) whose questions are in no table so far (``taken`` grows
+    with them)."""
+    rows: list[dict] = []
+    while len(rows) < n:
+        r = make(len(rows))
         if r["question"] not in taken:
             taken.add(r["question"])
             rows.append(r)
+    return rows
+
+
+def write_short_multiplication(taken: set[str]) -> tuple[int, int]:
+    rng = random.Random(2)
+    rows = distinct_rows(lambda i: short_multiplication(rng), 256 + 64, taken)
     pd.DataFrame(rows[:256]).to_parquet(OUT / "hard_pool_short.parquet", index=False)
     pd.DataFrame(rows[256:]).to_parquet(OUT / "hard_probe_short.parquet", index=False)
     return 256, 64
@@ -187,12 +195,7 @@ def worked_problem(rng: random.Random, i: int, prefix: str) -> dict:
 
 def write_posttraining(taken: set[str]) -> tuple[int, int]:
     rng = random.Random(1)
-    rows = []
-    while len(rows) < 768 + 128:
-        r = worked_problem(rng, len(rows), "post")
-        if r["question"] not in taken:
-            taken.add(r["question"])
-            rows.append(r)
+    rows = distinct_rows(lambda i: worked_problem(rng, i, "post"), 768 + 128, taken)
     post = pd.DataFrame([{k: r[k] for k in ("question", "think", "answer")} for r in rows[:768]])
     post.to_parquet(OUT / "posttrain.parquet", index=False)
     replay = pd.DataFrame([{"problem_id": f"replay-{i:03d}", "question": r["question"], "answer": r["answer"],
