@@ -70,17 +70,15 @@ class TextSuite:
     name: str                # the table it was read from
 
 
-def text_suites(allp) -> tuple[dict[str, TextSuite], dict[str, Path]]:
-    """Every perplexity suite of ``data.old_suites``, tokenized and checked against ``generation.max_model_len``,
-    and the table each was read from."""
-    from graft.chat import open_chat
+def text_suites(allp, fmt: ChatFormat) -> tuple[dict[str, TextSuite], dict[str, Path]]:
+    """Every perplexity suite of ``data.old_suites``, tokenized with ``fmt``'s tokenizer (the post model's, as
+    ``evaluation_suites`` opened it) and checked against ``generation.max_model_len``, and the table each was read
+    from."""
     from graft.text_likelihood import check_texts, text_ids
 
-    models, data = allp["models"], allp["data"]
-    names = sorted(n for n, s in data.old_suites.items() if s.grader == PERPLEXITY)
+    names = sorted(n for n, s in allp["data"].old_suites.items() if s.grader == PERPLEXITY)
     if not names:
         return {}, {}
-    fmt = open_chat(models.post, allp["chat"], allp["answer"], models.trust_remote_code)
     out, paths = {}, {}
     for name in names:
         paths[name] = SUITES / f"{name}.parquet"

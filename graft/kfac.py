@@ -138,9 +138,9 @@ def kfac_project_rotated(dW: torch.Tensor, rot: torch.Tensor, U: torch.Tensor, V
 
 def kfac_project(dW: torch.Tensor, U: torch.Tensor, V: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
     """Remove the selected eigen-directions: U ((1 - drop) * (U^T dW V)) V^T. Nothing dropped: dW exactly."""
-    if not bool(drop.any()):
+    if not bool(drop.any()):   # checked before rotating: the rotation is then not needed
         return dW.float()
-    return U @ kfac_rotation(dW, U, V).masked_fill(drop, 0.0) @ V.T
+    return kfac_project_rotated(dW, kfac_rotation(dW, U, V), U, V, drop)
 
 
 def write_kfac(model: torch.nn.Module, layers: Sequence[str], rollouts: Sequence[tuple[Sequence[int], Sequence[int]]],

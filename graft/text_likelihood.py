@@ -16,6 +16,7 @@ import math
 from typing import Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 
 def text_ids(fmt, text: str) -> list[int]:
@@ -47,10 +48,7 @@ def text_scores(model: torch.nn.Module, ids: Sequence[Sequence[int]], pad_id: in
     nll, correct, tokens = 0.0, 0, 0
     for start in range(0, len(ids), chunk):
         batch = [list(s) for s in ids[start: start + chunk]]
-        width = max(len(s) for s in batch)
-        x = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        for i, s in enumerate(batch):
-            x[i, : len(s)] = torch.tensor(s)
+        x = pad_sequence([torch.tensor(s, dtype=torch.long) for s in batch], batch_first=True, padding_value=pad_id)
         logits = model(input_ids=x.to(dev), use_cache=False).logits
         for i, s in enumerate(batch):
             logp = torch.log_softmax(logits[i, : len(s) - 1].double(), -1)

@@ -115,7 +115,7 @@ def main() -> None:
         raise ValueError(f"evaluate.pass_k has {over[0]}, more than evaluate.n_samples ({p.n_samples}) samples per "
                          "problem; lower it or raise n_samples")
     new_task, suites, paths = evaluation_suites(allp)
-    texts, text_paths = text_suites(allp)
+    texts, text_paths = text_suites(allp, new_task.fmt)   # post's tokenizer, opened once
 
     points = sweep_points(allp) + proposed_points(allp, read_parquet(PROPOSED))
     memo: dict[str, str] = {}
