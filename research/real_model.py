@@ -8,6 +8,13 @@ knowledge, mine.seed = --seed too: other held-out problems and other mining samp
 stages import the model from its pip wheel and post-train it; DVC caches every model), copies the points, Pareto plot,
 diagnostics and KL report to research/real/<scenario>-seed<S>/ with the wall time, then restores the committed
 params.yaml and dvc.lock (`dvc checkout` brings the default's outputs back from the cache).
+
+    python research/real_model.py hard_short_rest --seed 0 --reuse hard_short_rho-seed0
+
+puts the named runs' point records and samples (research/real/<run>/points, samples) into reports/ first, so evaluate
+keeps every point whose key still matches (same model, data, grading and code) instead of scoring it again; a point
+whose key differs is scored as usual. They replace the workspace's records of the same names, as evaluate itself
+would (the committed default's records come back with `git checkout reports/points`).
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ OUT = Path("research/real")
 COPIED = ["reports/points.parquet", "reports/pareto.png", "reports/metrics.json", "reports/diagnostics/summary.json",
           "reports/kl/prediction.parquet", "reports/kl/summary.json", "reports/family/post.json",
           "reports/donors/choice.parquet", "reports/donors/summary.json", "reports/donors/frontiers.png"]
+POINTS, SAMPLES = Path("reports/points"), Path("reports/samples")
 REPLACED_WHOLE = {"old_suites", "aligners", "imports", "posttrain", "points", "offpolicy", "candidates"}   # maps of names
 
 
@@ -145,10 +153,31 @@ def scenario_params(committed: str, scenario: str, seed: int) -> dict:
     return params
 
 
+def put_back(runs: list[str]) -> int:
+    """Copy earlier runs' point records and samples into reports/ (evaluate checks each record's key and samples hash,
+    so a stale one is rescored, never trusted; a later run's record of a name wins). Returns how many were put back."""
+    n = 0
+    for name in runs:
+        src = OUT / name
+        if not (src / "points").is_dir():
+            raise SystemExit(f"--reuse {name}: {src}/points does not exist (runs before 2026-12-04 kept no records)")
+        for rec in sorted((src / "points").glob("*.json")):
+            samples = src / "samples" / f"{rec.stem}.parquet"
+            if samples.exists():
+                POINTS.mkdir(parents=True, exist_ok=True)
+                SAMPLES.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(samples, SAMPLES / samples.name)
+                shutil.copyfile(rec, POINTS / rec.name)
+                n += 1
+    return n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("scenario", help="research/real/<scenario>.yaml")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reuse", nargs="*", default=[], metavar="RUN",
+                    help="earlier runs (research/real/<RUN>) whose scored points evaluate may keep")
     ap.add_argument("--summarise", action="store_true", help="only rebuild summary.json from the run's folder")
     args = ap.parse_args()
     if args.summarise:
@@ -162,6 +191,9 @@ def main() -> None:
     run = OUT / f"{args.scenario}-seed{args.seed}"
     lock = Path("dvc.lock").read_text()
     t0 = time.time()
+    reused = put_back(args.reuse)
+    if args.reuse:
+        print(f"put back {reused} scored points from {', '.join(args.reuse)}")
     try:
         Path("params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         log = Path(".graft/real_model.log")   # the run's progress, to follow with tail -f (not an output)
@@ -182,7 +214,8 @@ def main() -> None:
             if path.exists():
                 shutil.copyfile(path, run / (path.name if path.parent.name == "reports" else
                                              f"{path.parent.name}_{path.name}"))
-        shutil.copytree("reports/samples", run / "samples")
+        shutil.copytree(SAMPLES, run / "samples")
+        shutil.copytree(POINTS, run / "points")   # the records --reuse puts back (key, metrics, samples hash)
         write_summary(run, params, {"scenario": args.scenario, "seed": args.seed, "wall_s": round(wall)})
         print(f"{run}: done in {wall:.0f} s")
     finally:

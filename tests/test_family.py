@@ -183,6 +183,29 @@ def test_a_scenario_that_extends_another_changes_only_what_it_names():
     assert {k: v for k, v in cut.items() if k != "sweep"} == {k: v for k, v in full.items() if k != "sweep"}
 
 
+def test_reuse_puts_an_earlier_runs_records_and_samples_back(tmp_path, monkeypatch):
+    """--reuse copies research/real/<run>/points and samples into reports/ (evaluate then decides by key and hash);
+    a record without its samples is left out, and a run that kept no records is a clear error."""
+    from research.real_model import put_back
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "research/real/r-seed0"
+    (run / "points").mkdir(parents=True)
+    (run / "samples").mkdir()
+    for name in ("post", "sft"):
+        (run / "points" / f"{name}.json").write_text(json.dumps({"name": name, "key": "k"}))
+    (run / "samples" / "post.parquet").write_bytes(b"samples")
+    (tmp_path / "reports/points").mkdir(parents=True)
+    (tmp_path / "reports/points/post.json").write_text("{}")   # the workspace's older record of the name
+    assert put_back(["r-seed0"]) == 1
+    assert json.loads((tmp_path / "reports/points/post.json").read_text())["key"] == "k"
+    assert (tmp_path / "reports/samples/post.parquet").read_bytes() == b"samples"
+    assert not (tmp_path / "reports/points/sft.json").exists()
+    (tmp_path / "research/real/old-seed0").mkdir()
+    with pytest.raises(SystemExit, match="old-seed0"):
+        put_back(["old-seed0"])
+
+
 def test_the_held_out_english_text_is_in_no_real_training_table():
     """The perplexity suite measures held-out prose: no sentence of it (nor a passage whole) is in a table the real
     family or a real scenario trains on (post-training, replay, the hard pools and their solutions)."""
