@@ -159,6 +159,8 @@ def put_back(runs: list[str]) -> int:
     n = 0
     for name in runs:
         src = OUT / name
+        if not src.is_dir():
+            raise SystemExit(f"--reuse {name}: no run folder {src} (names look like hard_short-seed0)")
         if not (src / "points").is_dir():
             raise SystemExit(f"--reuse {name}: {src}/points does not exist (runs before 2026-12-04 kept no records)")
         for rec in sorted((src / "points").glob("*.json")):

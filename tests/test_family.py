@@ -204,6 +204,8 @@ def test_reuse_puts_an_earlier_runs_records_and_samples_back(tmp_path, monkeypat
     (tmp_path / "research/real/old-seed0").mkdir()
     with pytest.raises(SystemExit, match="old-seed0"):
         put_back(["old-seed0"])
+    with pytest.raises(SystemExit, match="no run folder"):
+        put_back(["hard_short"])
 
 
 def test_the_held_out_english_text_is_in_no_real_training_table():
