@@ -15,6 +15,10 @@ puts the named runs' point records and samples (research/real/<run>/points, samp
 keeps every point whose key still matches (same model, data, grading and code) instead of scoring it again; a point
 whose key differs is scored as usual. They replace the workspace's records of the same names, as evaluate itself
 would (the committed default's records come back with `git checkout reports/points`).
+
+Disk: a scenario's workspace holds ~17 GB of model directories and tensors; with DVC's default cache.type they are
+copies of the cache's. `dvc config --local cache.type hardlink,copy` before the run links them instead (stages write
+new files, never into a checked-out one).
 """
 from __future__ import annotations
 
