@@ -34,6 +34,11 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[], choices=PARTS)
     ap.add_argument("--dry-run", action="store_true", help="the toy model only; no sweep, load or pipeline rows")
     ap.add_argument("--out", default="benchmarks/results.json")
+    from benchmarks.load_rows import DEFAULT_POLICIES, LOADS, POLICIES, WORKS
+    ap.add_argument("--load-policies", nargs="+", default=list(DEFAULT_POLICIES), choices=list(POLICIES),
+                    help="the load rows' environments (default: the stages' own and libgomp's default wait)")
+    ap.add_argument("--load-kinds", nargs="+", default=list(LOADS), choices=list(LOADS), help="the second pipelines")
+    ap.add_argument("--load-works", nargs="+", default=list(WORKS), choices=list(WORKS), help="the measured pieces")
     ap.add_argument("--work", default=".graft/bench", help="where models and inputs are built (git-ignored)")
     args = ap.parse_args()
     sizes, skip = (["toy"], set(args.skip) | {"sweep", "load", "pipeline", "mergekit"}) if args.dry_run else \
@@ -47,7 +52,9 @@ def main() -> None:
     def save(complete: bool) -> dict:
         # written after every row: a part that fails or a run that is stopped keeps what was measured
         result = {"machine": machine(), "load_average": load.summary(),
-                  "wall_s": round(time.perf_counter() - started, 1), "argv": {"sizes": sizes, "skip": sorted(skip)},
+                  "wall_s": round(time.perf_counter() - started, 1), "argv": {"sizes": sizes, "skip": sorted(skip),
+                                                                      "load": [args.load_policies, args.load_kinds,
+                                                                               args.load_works]},
                   "complete": complete,
                   "rows": [r.as_dict() for r in rows]}
         tmp = Path(f"{args.out}.tmp")
@@ -118,7 +125,7 @@ def main() -> None:
         if "load" not in skip:
             from benchmarks.load_rows import load_rows
 
-            measured = load_rows()
+            measured = load_rows(tuple(args.load_policies), tuple(args.load_kinds), tuple(args.load_works))
             while (batch := guarded("load rows", "135m", lambda: next(measured, None))) is not None:
                 add(batch)
                 if batch and batch[0].note.startswith("failed"):

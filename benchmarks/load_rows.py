@@ -1,8 +1,8 @@
 """Under load: each heavy piece of a stage alone, then beside a second pipeline's stage (a training loop, and a vLLM
-engine generating), on SmolLM2-135M. Each is a fresh process (benchmarks.load_work). Measured twice: with the
-stages' OpenMP wait policy (graft.openmp: 100 spins) and with libgomp's own default (300,000 spins), which is what
-every stage ran with before; the load processes use the same setting as the measured one, as two pipelines of one
-version would."""
+engine generating), on SmolLM2-135M. Each is a fresh process (benchmarks.load_work). Measured under each environment
+of POLICIES: the stages' own (graft.openmp's 100 spins, vLLM inside the stage's process), libgomp's default wait
+(300,000 spins) and vLLM's multiprocess layout, which is what the stages ran with before; the load processes use the
+same environment as the measured one, as two pipelines of one version would."""
 from __future__ import annotations
 
 import json
@@ -23,11 +23,21 @@ WORKS = {"eig": "KFAC eigendecompositions (3 x 1536 + 6 x 576)", "fisher": "diag
          "train": "finetune step (4 x 96 tokens)", "mask": "mask stage (diagonal), start-up included",
          "generate": "vLLM generation (32 x 64 tokens)"}
 LOADS = {"train": "loop-train", "vllm": "loop-generate"}
-POLICIES = {"graft": "100", "libgomp default": "300000"}
+# name -> the environment that differs; "graft" is what the stages set (graft.openmp, graft.generation)
+POLICIES = {"graft": {"GOMP_SPINCOUNT": "100", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+            "libgomp default": {"GOMP_SPINCOUNT": "300000", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+            "vLLM multiprocess": {"GOMP_SPINCOUNT": "100", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
+DEFAULT_POLICIES = ("graft", "libgomp default")
 
 
-def _env(spin: str) -> dict:
-    return {**os.environ, "GOMP_SPINCOUNT": spin, "PYTHONPATH": str(REPO)}
+def _env(policy: dict) -> dict:
+    return {**os.environ, **policy, "PYTHONPATH": str(REPO)}
+
+
+def _describe(policy: dict) -> str:
+    return (f"OpenMP {policy['GOMP_SPINCOUNT']} spins; vLLM "
+            + ("inside the stage's process" if policy["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" else
+               "multiprocess (engine core + pinned worker)"))
 
 
 def _result(text: str, key: str) -> dict | None:
@@ -44,10 +54,10 @@ def _result(text: str, key: str) -> dict | None:
 CAP, CAP_MIN_S = 10.0, 120.0
 
 
-def _measure(work: str, model: Path, box: Path, spin: str, cap_s: float | None = None) -> tuple[float, bool]:
+def _measure(work: str, model: Path, box: Path | None, spin: dict, cap_s: float | None = None) -> tuple[float, bool]:
     """(seconds of the timed piece, finished). Unfinished at ``cap_s`` of the whole process: (cap_s, False), its
     process group killed (a vLLM engine's processes would outlive its parent)."""
-    p = subprocess.Popen([sys.executable, "-m", "benchmarks.load_work", work, str(model), str(box)], cwd=REPO,
+    p = subprocess.Popen([sys.executable, "-m", "benchmarks.load_work", work, str(model), str(box or "")], cwd=REPO,
                          env=_env(spin), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     try:
@@ -64,7 +74,7 @@ def _measure(work: str, model: Path, box: Path, spin: str, cap_s: float | None =
     return found["seconds"], True
 
 
-def _start_load(kind: str, model: Path, spin: str) -> subprocess.Popen:
+def _start_load(kind: str, model: Path, spin: dict) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-m", "benchmarks.load_work", LOADS[kind], str(model)], cwd=REPO,
                          env=_env(spin), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                          start_new_session=True)
@@ -89,25 +99,30 @@ def _stop(p: subprocess.Popen) -> None:
     time.sleep(2)
 
 
-def load_rows() -> Iterator[list[Row]]:
+def load_rows(policies: tuple[str, ...] = DEFAULT_POLICIES, kinds: tuple[str, ...] = tuple(LOADS),
+              works: tuple[str, ...] = tuple(WORKS)) -> Iterator[list[Row]]:
     """Each (policy, load) pair's rows as soon as they are measured: a run stopped midway keeps them."""
     size = smollm2()
-    ft, delta = finetuned_and_delta(size)
-    box = _sandbox(size, delta, diagonal_fisher(size, delta), kfac_file(size, delta, None))
+    box = None
+    if "mask" in works:   # the mask piece runs the stage on the suite's inputs
+        ft, delta = finetuned_and_delta(size)
+        box = _sandbox(size, delta, diagonal_fisher(size, delta), kfac_file(size, delta, None))
     try:
-        for policy, spin in POLICIES.items():
-            alone = {w: _measure(w, size.post, box, spin)[0] for w in WORKS}
-            for kind in LOADS:
+        for policy in policies:
+            spin = POLICIES[policy]
+            alone = {w: _measure(w, size.post, box, spin)[0] for w in works}
+            for kind in kinds:
                 load = _start_load(kind, size.post, spin)
                 try:
-                    beside = {w: _measure(w, size.post, box, spin, max(CAP_MIN_S, CAP * alone[w])) for w in WORKS}
+                    beside = {w: _measure(w, size.post, box, spin, max(CAP_MIN_S, CAP * alone[w])) for w in works}
                 finally:
                     _stop(load)
-                yield [Row(f"{what}, beside a second pipeline's {kind} stage", "135m", "the same alone",
+                yield [Row(f"{WORKS[w]}, beside a second pipeline's {kind} stage", "135m", "the same alone",
                            beside[w][0], alone[w], "<= 2.5x" if policy == "graft" else "",
-                           note=f"OpenMP: {policy} ({spin} spins)" + (
+                           note=f"{policy}: {_describe(spin)}" + (
                                "" if beside[w][1] else f"; stopped unfinished after {beside[w][0]:.0f} s of its "
                                "whole process (start-up included): the ratio is the cap's, not a measurement"))
-                       for w, what in WORKS.items()]
+                       for w in works]
     finally:
-        shutil.rmtree(box, ignore_errors=True)
+        if box is not None:
+            shutil.rmtree(box, ignore_errors=True)
