@@ -96,7 +96,10 @@ SCHEMA: dict[str, dict] = {
         "instruction": Field(STR),
     },
     # where every torch stage runs (finetuning, OPSD, Fisher, KFAC, likelihoods, HF generation); vLLM picks its own
-    "compute": {"device": Field(STR, lambda s: s in DEVICES, f"one of {', '.join(DEVICES)}")},
+    "compute": {"device": Field(STR, lambda s: s in DEVICES, f"one of {', '.join(DEVICES)}"),
+                # torch's CPU threads in each of these stages' processes; 0: torch's default, one per core
+                # (graft.openmp.use_threads says why this is a param)
+                "threads": NONNEG_INT},
     "generation": {
         "backend": Field(STR, lambda s: s in ("vllm", "hf"), "one of vllm, hf"),
         "dtype": DTYPE,

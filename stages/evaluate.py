@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from graft.atomic import write_json, write_parquet
 from graft.cli import TIMING, run_stage
+from graft.openmp import use_threads
 from graft.distributed import become_replica, relaunch_under_torchrun
 from graft.evaluation import TextSuite, evaluate_model, evaluation_suites, text_suites
 from graft.grading import PERPLEXITY
@@ -119,6 +120,7 @@ def main() -> None:
 
     points = sweep_points(allp) + proposed_points(allp, read_parquet(PROPOSED))
     memo: dict[str, str] = {}
+    use_threads(allp["compute"].threads)   # before any torch work (graft.openmp)
     device = resolve_device(allp["compute"].device)
     # the replica count changes who scores a point, never its result
     settings = {"evaluate": dict(p), "generation": {k: v for k, v in gen.items() if k != "data_parallel_size"},

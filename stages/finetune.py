@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from graft.cli import TIMING, run_stage
+from graft.openmp import use_threads
 from graft.atomic import write_json, write_parquet
 from graft.distributed import init_distributed, relaunch_under_torchrun
 from graft.finetuning import SupervisedObjective, recipe_settings, spec_from_params, train_to_snapshots
@@ -53,6 +54,7 @@ def main() -> None:
     if relaunch_under_torchrun(p.num_processes, "stages.finetune", sys.argv[1:]):
         return
     torch.use_deterministic_algorithms(True)
+    use_threads(compute.threads)   # before any torch work (graft.openmp)
     info = init_distributed(compute.device)
     try:   # the graft delta of a donor is added to the post model: refuse a mismatch before any training
         check_compatible(src, models.post)

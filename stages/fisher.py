@@ -19,6 +19,7 @@ import sys
 import torch.distributed as dist
 
 from graft.cli import run_stage
+from graft.openmp import use_threads
 from graft.atomic import atomic_file, write_json, write_parquet
 from graft.chat import open_chat
 from graft.distributed import broadcast_token_lists, init_distributed, relaunch_under_torchrun
@@ -46,6 +47,7 @@ def main() -> None:
                                                              "data"))
     if relaunch_under_torchrun(p.num_processes, "stages.fisher", sys.argv[1:]):
         return
+    use_threads(allp["compute"].threads)   # before any torch work (graft.openmp)
     info = init_distributed(allp["compute"].device)
     device = info.device
     if which == "retention":

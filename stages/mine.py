@@ -9,6 +9,7 @@ import random
 import pandas as pd
 
 from graft.cli import run_stage
+from graft.openmp import use_threads
 from graft.atomic import write_parquet
 from graft.chat import open_chat
 from graft.confine import check_apart
@@ -48,6 +49,7 @@ def split_mined(pool: pd.DataFrame, successes: list[int], max_successes: int, he
 def main() -> None:
     p, gen, chat, answer, models, data, compute = load_params("mine", "generation", "chat", "answer", "models",
                                                               "data", "compute")
+    use_threads(compute.threads)   # before any torch work (graft.openmp)
     device = resolve_device(compute.device)
     check_apart({"the mined tables": "data/mined"}, {"data.hard_pool.path": data.hard_pool.path})
     pool = read_input(InputSpec.from_params(data.hard_pool, "data.hard_pool"), "hard_pool")

@@ -20,6 +20,7 @@ import torch
 from graft.atomic import write_json
 from graft.chat import ChatSpec, answer_format, open_chat
 from graft.cli import run_stage
+from graft.openmp import use_threads
 from graft.distributed import init_distributed
 from graft.finetuning import SupervisedObjective, TrainSpec, train_to_snapshots
 from graft.inputs import InputSpec, read_input
@@ -38,6 +39,7 @@ def main() -> None:
     p = family.posttrain[args.name]
     key = f"family.posttrain.{args.name}"
     torch.use_deterministic_algorithms(True)
+    use_threads(compute.threads)   # before any torch work (graft.openmp)
     info = init_distributed(compute.device)
     spec_in = InputSpec.from_params(p.data, f"{key}.data")
     data = read_input(spec_in, "offpolicy", ChatSpec.from_params(chat), answer_format(answer),

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from graft.atomic import write_parquet
 from graft.chat import open_chat
 from graft.cli import run_stage
+from graft.openmp import use_threads
 from graft.fisher import directional_fisher
 from graft.kl_prediction import FORM_COLUMNS, FORMS, quadratic_forms
 from graft.modeling import load_model, resolve_device
@@ -32,6 +33,7 @@ def main() -> None:
     rollouts = read_rollouts()
     inv_len = mean_inverse_length(rollouts)
     pad = open_chat(models.post, p["chat"], p["answer"], models.trust_remote_code).pad_id
+    use_threads(p["compute"].threads)   # before any torch work (graft.openmp)
     post = load_model(models.post, "float32", models.trust_remote_code, resolve_device(p["compute"].device))
     rows, source_norm = [], {}
     with TensorReader(f"{FISHER}/diagonal.safetensors") as fisher, \

@@ -13,6 +13,7 @@ from __future__ import annotations
 from graft.atomic import write_parquet
 from graft.chat import open_chat
 from graft.cli import run_stage
+from graft.openmp import use_threads
 from graft.kl_prediction import FORMS, PROPOSED, propose
 from graft.modeling import resolve_device
 from graft.points import point_tensors
@@ -27,6 +28,7 @@ def main() -> None:
     measure = None
     if p.predictor == "measured":
         pad = open_chat(models.post, allp["chat"], allp["answer"], models.trust_remote_code).pad_id
+        use_threads(allp["compute"].threads)   # before any torch work (graft.openmp)
         meter = RetentionKL(models.post, read_rollouts(), pad,
                             models.trust_remote_code, resolve_device(allp["compute"].device), allp["fisher"].chunk)
 

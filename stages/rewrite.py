@@ -11,6 +11,7 @@ import argparse
 from graft.atomic import write_parquet
 from graft.chat import open_chat
 from graft.cli import run_stage
+from graft.openmp import use_threads
 from graft.generation import SamplingSpec, open_generator, table_labels
 from graft.grading import Grader
 from graft.likelihood import mean_token_nll
@@ -31,6 +32,7 @@ def main() -> None:
         raise ValueError(f"--name {name} is not a key of params.yaml synthself.aligners {sorted(p.aligners)}")
     model_dir = models.post if name == "student" else p.aligners[name]
     train = read_table("data/mined/train.parquet", "hard_pool")
+    use_threads(compute.threads)   # before any torch work (graft.openmp)
     device = resolve_device(compute.device)
     # the candidate writes in its own family's template (same tokenizer as the student: check_compatible)
     cand = open_chat(model_dir, chat, answer, models.trust_remote_code)

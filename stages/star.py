@@ -10,6 +10,7 @@ from __future__ import annotations
 from graft.atomic import write_json, write_parquet
 from graft.chat import open_chat
 from graft.cli import run_stage
+from graft.openmp import use_threads
 from graft.generation import SamplingSpec, open_generator, table_labels
 from graft.grading import Grader
 from graft.modeling import resolve_device
@@ -22,6 +23,7 @@ def main() -> None:
     p, gen, chat, answer, models, compute = load_params("star", "generation", "chat", "answer", "models", "compute")
     train = read_table("data/mined/train.parquet", "hard_pool")
     fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
+    use_threads(compute.threads)   # before any torch work (graft.openmp)
     generator = open_generator(models.post, gen, fmt, models.trust_remote_code, device=resolve_device(compute.device))
     outs = generator.generate([fmt.prompt_ids(q) for q in train["question"]],
                               SamplingSpec(n=p.attempts, temperature=p.temperature, top_p=gen.top_p,

@@ -14,6 +14,7 @@ import pandas as pd
 from graft.atomic import write_json, write_parquet
 from graft.chat import open_chat
 from graft.cli import run_stage
+from graft.openmp import use_threads
 from graft.likelihood import mean_token_nll
 from graft.modeling import load_model, resolve_device
 from graft.offpolicy import COLUMNS, select_aligner
@@ -25,6 +26,7 @@ def main() -> None:
     p, chat, answer, models, compute = load_params("synthself", "chat", "answer", "models", "compute")
     train = read_table("data/mined/train.parquet", "hard_pool")
     tables = {n: pd.read_parquet(f"reports/synthself/rewrites/{n}.parquet") for n in [*sorted(p.aligners), "student"]}
+    use_threads(compute.threads)   # before any torch work (graft.openmp)
     student = load_model(models.post, "float32", models.trust_remote_code, resolve_device(compute.device))
     fmt = open_chat(models.post, chat, answer, models.trust_remote_code)
     gold_nll = float(pd.Series(mean_token_nll(student, [

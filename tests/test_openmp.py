@@ -36,3 +36,22 @@ def test_stages_set_a_short_spin_and_keep_the_users_own():
 def test_the_wait_policy_never_changes_a_result():
     results = {_probe(GOMP_SPINCOUNT=s)[1] for s in ("0", "100", "30000000")} | {_probe(OMP_WAIT_POLICY="PASSIVE")[1]}
     assert len(results) == 1
+
+
+def test_compute_threads_sets_torchs_threads_and_zero_keeps_its_default():
+    """params.yaml compute.threads reaches torch (graft.openmp.use_threads), in a fresh process so that this test
+    process's own threads stay as they are."""
+    code = ("import torch; from graft.openmp import use_threads; d = torch.get_num_threads(); use_threads(0); "
+            "a = torch.get_num_threads(); use_threads(1); print(d, a, torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    default, after_zero, after_one = (int(x) for x in out.stdout.split())
+    assert after_zero == default and after_one == 1
+
+
+def test_every_stage_that_reads_compute_applies_its_threads():
+    """A stage that reads compute.device also sets compute.threads before its torch work (both are the compute
+    section, which such a stage declares whole in dvc.yaml)."""
+    stages = sorted(p for p in (REPO / "stages").glob("*.py") if '"compute"' in p.read_text())
+    assert len(stages) >= 10
+    missing = [p.name for p in stages if "use_threads(" not in p.read_text()]
+    assert not missing, missing

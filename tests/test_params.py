@@ -37,6 +37,8 @@ def test_default_params_validate():
     (lambda d: d["answer"].update({"format": "json"}), "answer.format must be one of"),
     (lambda d: d["chat"].update({"think_markers": ["<think>"]}), "chat.think_markers must be"),
     (lambda d: d["compute"].update({"device": "tpu"}), "compute.device must be one of"),
+    (lambda d: d["compute"].update({"threads": -1}), "compute.threads must be >= 0"),
+    (lambda d: d["compute"].update({"threads": 1.5}), "compute.threads must be"),
     (lambda d: d["sweep"].update({"lams": [0.0]}), "sweep.lams[0] must be > 0"),
     (lambda d: d["sweep"].update({"lams": []}), "sweep.lams must be non-empty"),
     (lambda d: d["sweep"].update({"lams": [0.5, 0.5]}), "sweep.lams has a repeated value"),
