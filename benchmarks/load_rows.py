@@ -54,11 +54,11 @@ def _result(text: str, key: str) -> dict | None:
 CAP, CAP_MIN_S = 10.0, 120.0
 
 
-def _measure(work: str, model: Path, box: Path | None, spin: dict, cap_s: float | None = None) -> tuple[float, bool]:
+def _measure(work: str, model: Path, box: Path | None, env: dict, cap_s: float | None = None) -> tuple[float, bool]:
     """(seconds of the timed piece, finished). Unfinished at ``cap_s`` of the whole process: (cap_s, False), its
     process group killed (a vLLM engine's processes would outlive its parent)."""
     p = subprocess.Popen([sys.executable, "-m", "benchmarks.load_work", work, str(model), str(box or "")], cwd=REPO,
-                         env=_env(spin), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     try:
         out, err = p.communicate(timeout=cap_s)
@@ -74,9 +74,9 @@ def _measure(work: str, model: Path, box: Path | None, spin: dict, cap_s: float 
     return found["seconds"], True
 
 
-def _start_load(kind: str, model: Path, spin: dict) -> subprocess.Popen:
+def _start_load(kind: str, model: Path, env: dict) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-m", "benchmarks.load_work", LOADS[kind], str(model)], cwd=REPO,
-                         env=_env(spin), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                          start_new_session=True)
     # ready: the model is loaded (and the engine started); the load is running. vLLM logs to stdout too: read up to
     # the ready line, then keep draining so that a full pipe never stalls the load
@@ -109,17 +109,17 @@ def load_rows(policies: tuple[str, ...] = DEFAULT_POLICIES, kinds: tuple[str, ..
         box = _sandbox(size, delta, diagonal_fisher(size, delta), kfac_file(size, delta, None))
     try:
         for policy in policies:
-            spin = POLICIES[policy]
-            alone = {w: _measure(w, size.post, box, spin)[0] for w in works}
+            env = POLICIES[policy]
+            alone = {w: _measure(w, size.post, box, env)[0] for w in works}
             for kind in kinds:
-                load = _start_load(kind, size.post, spin)
+                load = _start_load(kind, size.post, env)
                 try:
-                    beside = {w: _measure(w, size.post, box, spin, max(CAP_MIN_S, CAP * alone[w])) for w in works}
+                    beside = {w: _measure(w, size.post, box, env, max(CAP_MIN_S, CAP * alone[w])) for w in works}
                 finally:
                     _stop(load)
                 yield [Row(f"{WORKS[w]}, beside a second pipeline's {kind} stage", "135m", "the same alone",
                            beside[w][0], alone[w], "<= 2.5x" if policy == "graft" else "",
-                           note=f"{policy}: {_describe(spin)}" + (
+                           note=f"{policy}: {_describe(env)}" + (
                                "" if beside[w][1] else f"; stopped unfinished after {beside[w][0]:.0f} s of its "
                                "whole process (start-up included): the ratio is the cap's, not a measurement"))
                        for w in works]

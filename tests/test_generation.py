@@ -172,14 +172,13 @@ def test_vllm_in_process_engine_samples_what_the_multiprocess_engine_samples(tin
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    from tests.conftest import REPO
 
     def run(var: str) -> dict:
-        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": var, "PYTHONPATH": str(repo)}
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": var, "PYTHONPATH": str(REPO)}
         r = subprocess.run([sys.executable, "-c", LAYOUT_SCRIPT, str(tiny_model_dir), json.dumps(PROMPTS)],
-                           cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
         line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
         return json.loads(line.removeprefix("RESULT "))
