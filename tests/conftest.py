@@ -75,9 +75,14 @@ def run_worker(script: str, args: list[str], processes: int = 1) -> None:
     import subprocess
     import sys
 
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    # faulthandler: a worker killed by a signal prints every thread's Python stack, which the assertion shows (one
+    # FSDP worker aborted once under load, "terminate called without an active exception", with no stack)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     launch = [sys.executable] if processes == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                       f"--nproc_per_node={processes}"]
     r = subprocess.run(launch + [str(REPO / "tests" / script), *args], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
+    if r.returncode != 0:
+        fatal = r.stderr.find("Fatal Python error")
+        shown = r.stderr[fatal:fatal + 6000] + "\n...\n" if fatal >= 0 else ""
+        raise AssertionError(f"{script} exited {r.returncode}:\n{shown}{r.stderr[-3000:]}")
 
