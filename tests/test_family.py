@@ -224,3 +224,20 @@ def test_the_held_out_english_text_is_in_no_real_training_table():
         table = pd.read_parquet(REPO / "data/real" / name)
         text = " ".join(table[c].astype(str).str.cat(sep=" ") for c in table.columns if table[c].dtype == object)
         assert not held & sentences(text), name
+
+
+def test_the_real_run_table_is_read_from_the_runs_folder():
+    """research/real_table.py reads hard_short seed 0's committed folder back into the README's numbers (KFAC rho
+    0.01 at lambda 1: 0.73 / 0.59, arithmetic 0.53, KL 0.005, 8 items broken; SFT answers 88% of the arithmetic
+    with the new procedure, post none)."""
+    from research.real_table import markdown, rows
+    from tests.conftest import REPO
+
+    run = REPO / "research/real/hard_short-seed0"
+    by = {r["point"]: r for r in rows(run)}
+    kfac = by["graft_kfac_lam1.0_rho0.01_lr0.0001_ep4"]
+    assert (round(kfac["new"], 2), round(kfac["old"], 2), round(kfac["arith"], 2)) == (0.73, 0.59, 0.53)
+    assert round(kfac["kl"], 3) == 0.005 and kfac["broken"] == 8
+    assert by["sft_lr0.0001_ep4"]["procedure"] == 56 / 64 and by["post"]["procedure"] == 0
+    assert by["post"]["broken"] is None
+    assert len(markdown(run).splitlines()) == 2 + len(by)
