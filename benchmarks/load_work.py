@@ -21,12 +21,11 @@ def main() -> None:
     if work in ("loop-generate", "generate"):
         from vllm import LLM, SamplingParams
 
-        from graft.generation import engine_in_process
+        from graft.generation import engine_layout
 
-        # the engine layout the stages use (graft.generation.engine_in_process; the environment may override it)
-        layout = {"distributed_executor_backend": "uni"} if engine_in_process(1) else {}
+        # the engine layout the stages use (the environment may override it)
         llm = LLM(model=model_dir, dtype="float32", max_model_len=512, gpu_memory_utilization=0.2,
-                  enforce_eager=True, seed=0, **layout)
+                  enforce_eager=True, seed=0, **engine_layout(1))
         sp = SamplingParams(n=1, temperature=1.0, max_tokens=64, seed=0, ignore_eos=True)
         prompts = ["Tell me a story about a cat."] * 32
         if work == "loop-generate":

@@ -43,6 +43,16 @@ def init_distributed(device_name: str = "auto") -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), device)
 
 
+def leave_distributed(info: DistInfo) -> None:
+    """Leave the group at the end of a stage, as torch asks of a normal exit: every process waits until all are done
+    (the first one writes the outputs after the last collective), then destroys the group. A process that exits with
+    its group alive can leave a peer's pending operation (NCCL) or gloo's threads (at interpreter exit) behind.
+    Not called on an error: torchrun stops the other processes then."""
+    if info.world > 1 and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def relaunch_under_torchrun(num_processes: int, module: str, argv: Sequence[str]) -> bool:
     """When params ask for several processes and this is not yet a torchrun worker, run the same stage under
     torchrun (the launcher that ships with torch) and report True; the caller then has nothing left to do."""

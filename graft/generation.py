@@ -191,7 +191,8 @@ class VLLMGenerator:
         ``worker_extension_cls``); ``graft.points.POINT_LOADER`` lets ``load_point`` write sweep points in.
         ``tensor_parallel_size``: vLLM's own tensor parallelism (its worker processes, one per shard); every worker
         runs the extension, so a point written in place reaches every shard."""
-        self.in_process = engine_in_process(tensor_parallel_size)
+        layout = engine_layout(tensor_parallel_size)
+        self.in_process = bool(layout)
         from vllm import LLM
 
         from graft.modeling import load_tokenizer
@@ -205,7 +206,7 @@ class VLLMGenerator:
                        gpu_memory_utilization=memory_fraction, enforce_eager=enforce_eager,
                        trust_remote_code=trust_remote_code, worker_extension_cls=worker_extension or "",
                        tensor_parallel_size=tensor_parallel_size,
-                       **({"distributed_executor_backend": "uni"} if self.in_process else {}))
+                       **layout)
         self.worker_extension = worker_extension
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec,
@@ -281,6 +282,12 @@ def engine_in_process(tensor_parallel_size: int) -> bool:
         return False
     # vLLM caches its environment once an engine is up, so the value set here holds for the process's later engines
     return os.environ.setdefault(IN_PROCESS_VAR, "0") == "0"
+
+
+def engine_layout(tensor_parallel_size: int) -> dict:
+    """vLLM ``LLM(...)`` arguments for the layout :func:`engine_in_process` picks: its one-process executor when the
+    engine runs in this process, vLLM's defaults otherwise."""
+    return {"distributed_executor_backend": "uni"} if engine_in_process(tensor_parallel_size) else {}
 
 
 def check_length(label: str, prompt_tokens: int, max_new_tokens: int, max_model_len: int | None) -> None:

@@ -22,7 +22,7 @@ import torch
 from graft.cli import TIMING, run_stage
 from graft.openmp import use_threads
 from graft.atomic import write_json, write_parquet
-from graft.distributed import init_distributed, relaunch_under_torchrun
+from graft.distributed import init_distributed, leave_distributed, relaunch_under_torchrun
 from graft.finetuning import SupervisedObjective, recipe_settings, spec_from_params, train_to_snapshots
 from graft.chat import open_chat
 from graft.modeling import load_model, load_tokenizer
@@ -87,6 +87,7 @@ def main() -> None:
         write_parquet(TIMING / f"finetune_{name}.parquet", pd.DataFrame(log.timing).assign(method=method))
         print(f"finetune {name}: {len(encoded)} examples, {len(log.curve)} steps, "
               f"final loss {log.curve[-1]['loss']:.4f}")
+    leave_distributed(info)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from graft.cli import run_stage
 from graft.openmp import use_threads
 from graft.atomic import atomic_file, write_json, write_parquet
 from graft.chat import open_chat
-from graft.distributed import broadcast_token_lists, init_distributed, relaunch_under_torchrun
+from graft.distributed import broadcast_token_lists, init_distributed, leave_distributed, relaunch_under_torchrun
 from graft.fisher import estimate_diag_fisher, rank_share
 from graft.generation import SamplingSpec, open_generator, table_labels
 from graft.inputs import InputSpec, read_input
@@ -106,8 +106,7 @@ def main() -> None:
         # under one key per kind, so that `dvc exp show` lists the two kinds' numbers under their own names
         write_json(f"reports/fisher/{which}.json", {f"fisher_{args.which}": summary})
         print(f"fisher {which}: {summary}")
-    if info.world > 1:
-        dist.destroy_process_group()
+    leave_distributed(info)
 
 
 if __name__ == "__main__":

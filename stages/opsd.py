@@ -20,7 +20,7 @@ import torch
 from graft.cli import TIMING, run_stage
 from graft.openmp import use_threads
 from graft.atomic import write_json, write_parquet
-from graft.distributed import init_distributed, relaunch_under_torchrun
+from graft.distributed import init_distributed, leave_distributed, relaunch_under_torchrun
 from graft.finetuning import recipe_settings, spec_from_params, train_to_snapshots
 from graft.chat import open_chat
 from graft.modeling import load_model, load_tokenizer
@@ -93,6 +93,7 @@ def main() -> None:
         share = timing.sample_s.sum() / (timing.sample_s.sum() + timing.update_s.sum())
         print(f"opsd {name}: {len(examples)} problems, {len(log.curve)} steps, final loss {log.curve[-1]['loss']:.4f}, "
               f"sampling {share:.0%} of step time")
+    leave_distributed(info)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from graft.distributed import init_distributed
+from graft.distributed import init_distributed, leave_distributed
 from graft.finetuning import SupervisedObjective, TrainSpec, full_state, train
 from graft.modeling import load_model, load_tokenizer
 from graft.training import SFTExample, encode_sft
@@ -44,8 +44,7 @@ def main() -> None:
     final = full_state(model)[0] if sharding == "fsdp" and info.world > 1 else model.state_dict()
     if info.main:
         save_file({k: v.detach().clone() for k, v in final.items()}, out)   # clones: tied tensors saved apart
-    if info.world > 1:
-        torch.distributed.destroy_process_group()
+    leave_distributed(info)
 
 
 if __name__ == "__main__":

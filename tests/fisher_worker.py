@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from graft.distributed import broadcast_token_lists, init_distributed
+from graft.distributed import broadcast_token_lists, init_distributed, leave_distributed
 from graft.fisher import estimate_diag_fisher, rank_share
 from graft.kfac import kfac_linear_names, write_kfac
 from graft.modeling import load_model
@@ -42,8 +42,7 @@ def main() -> None:
                out / "kfac.safetensors" if info.main else None)
     if info.main:
         save_tensors(out / "diagonal.safetensors", diag)
-    if info.world > 1:
-        torch.distributed.destroy_process_group()
+    leave_distributed(info)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The finetuning driver (accumulation, resume, processes), DFT, and OPSD's divergence and objective."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -17,6 +18,7 @@ from graft.opsd import (OPSDExample, OPSDObjective, demonstration_question, gene
 from graft.training import IGNORE, SFTExample, encode_sft, warmup_cosine
 from tests.conftest import family_format, run_worker
 from tests.ddp_worker import EXAMPLES
+from tests.test_bad_inputs import box  # noqa: F401  (a fixture)
 
 
 def _kl(p: np.ndarray, q: np.ndarray) -> float:
@@ -208,6 +210,54 @@ def test_two_fsdp_processes_match_one_process_and_resume_bitwise(tiny_model_dir,
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
 
 
+@pytest.mark.slow
+def test_the_finetune_stage_under_two_processes_matches_one(box):
+    """`python -m stages.finetune` with finetune.num_processes 2 relaunches itself under torchrun (two gloo
+    processes), trains, leaves the group and exits 0; its snapshots and loss curve match the one-process stage's
+    within 1e-5 (fp32 reduction order differs)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from tests.conftest import REPO
+    from tests.test_bad_inputs import edit_params
+
+    (box / "data/offpolicy").mkdir()
+    pd.DataFrame({"problem_id": [f"e{i}" for i in range(len(EXAMPLES))], "question": [e.question for e in EXAMPLES],
+                  "think": [e.think for e in EXAMPLES], "answer": [e.answer for e in EXAMPLES],
+                  "source": "synthself"}).to_parquet(box / "data/offpolicy/synthself.parquet", index=False)
+    out = box / "models/finetuned/sft_lr0.001"
+
+    def run(processes: int) -> tuple[dict, list]:
+        def edit(p):
+            p["finetune"].update(epochs=2, global_batch_size=4, micro_batch_size=2, num_processes=processes)
+            p["sweep"]["epochs"] = [2]
+            p["compute"]["threads"] = 1   # two processes on two cores
+        edit_params(box, edit)
+        r = subprocess.run([sys.executable, "-m", "stages.finetune", "--target", "sft", "--lr", "0.001"], cwd=box,
+                           env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1"},
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        snaps = {e: load_file(str(out / f"epoch{e}/model.safetensors")) for e in (1, 2)}
+        curve = json.loads((box / "reports/finetune/sft_lr0.001.json").read_text())
+        shutil.rmtree(out)
+        return snaps, curve
+
+    one, one_curve = run(1)
+    two, two_curve = run(2)
+    assert [r["step"] for r in one_curve] == [r["step"] for r in two_curve] == list(range(1, 5))
+    assert all(abs(a["loss"] - b["loss"]) < 1e-5 for a, b in zip(one_curve, two_curve))
+    for e in (1, 2):
+        assert one[e].keys() == two[e].keys()
+        for k in one[e]:
+            assert torch.allclose(one[e][k], two[e][k], rtol=0, atol=1e-5), (e, k)
+    base = load_file(str(box / "models/post/model.safetensors"))
+    assert any(not torch.equal(two[2][k], base[k]) for k in base if k in two[2])   # it trained
+
+
 def test_opsd_objective_is_independent_of_the_micro_batch_split(tiny_model_dir, tiny_tokenizer):
     torch.use_deterministic_algorithms(True)
     student, teacher = load_model(tiny_model_dir), load_model(tiny_model_dir)
@@ -303,3 +353,15 @@ def test_tied_embeddings_checkpoint_resume_and_snapshot(tiny_tied_dir, tiny_toke
     assert snap.lm_head.weight.data_ptr() == snap.model.embed_tokens.weight.data_ptr()
     saved = json.loads((out / "epoch2" / "generation_config.json").read_text())
     assert (saved["eos_token_id"], saved["pad_token_id"]) == (gen_cfg["eos_token_id"], gen_cfg["pad_token_id"])
+
+
+def test_every_stage_that_runs_under_torchrun_leaves_its_group():
+    """A stage that relaunches itself under torchrun and joins a process group ends with leave_distributed
+    (barrier, then destroy the group), as torch asks of a normal exit (evaluate's replicas join no group)."""
+    from tests.conftest import REPO
+
+    stages = sorted(p for p in (REPO / "stages").glob("*.py")
+                    if "relaunch_under_torchrun(" in p.read_text() and "init_distributed(" in p.read_text())
+    assert {p.name for p in stages} >= {"finetune.py", "opsd.py", "fisher.py"}
+    missing = [p.name for p in stages if "leave_distributed(info)" not in p.read_text()]
+    assert not missing, missing

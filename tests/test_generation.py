@@ -190,13 +190,16 @@ def test_vllm_in_process_engine_samples_what_the_multiprocess_engine_samples(tin
 
 def test_engine_in_process_only_with_one_worker_and_unless_the_environment_says_otherwise(monkeypatch):
     pytest.importorskip("vllm")
-    from graft.generation import IN_PROCESS_VAR, engine_in_process
+    import os
+
+    from graft.generation import IN_PROCESS_VAR, engine_in_process, engine_layout
 
     monkeypatch.delenv(IN_PROCESS_VAR, raising=False)
-    assert not engine_in_process(2) and IN_PROCESS_VAR not in __import__("os").environ
-    assert engine_in_process(1) and __import__("os").environ[IN_PROCESS_VAR] == "0"
+    assert not engine_in_process(2) and IN_PROCESS_VAR not in os.environ and engine_layout(2) == {}
+    assert engine_in_process(1) and os.environ[IN_PROCESS_VAR] == "0"
+    assert engine_layout(1) == {"distributed_executor_backend": "uni"}   # vLLM's one-process executor
     monkeypatch.setenv(IN_PROCESS_VAR, "1")
-    assert not engine_in_process(1)
+    assert not engine_in_process(1) and engine_layout(1) == {}
 
 
 def test_vllm_engine_gets_the_tensor_parallel_size_from_params(monkeypatch, tiny_model_dir):
