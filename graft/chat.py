@@ -5,10 +5,11 @@ ids and a (think, answer) pair into response ids here, through ``tokenizer.apply
 turn, role headers, BOS and end-of-turn tokens are whatever its template and tokenizer say. Student and teacher
 prompts (OPSD) come from the same ``prompt_ids``.
 
-Data is never control: a question, trace or fact that contains ``<|im_end|>`` or ``<answer>`` is tokenized as plain
-text, so it can neither end the turn nor inject an answer. The template is rendered with placeholders for message
-contents; when no added token falls inside a content span the whole string's tokens are used as they are (exactly
-what the model saw in training); otherwise the content spans are tokenized apart with special tokens split.
+Data is never control: a question, trace or fact that contains ``<|im_end|>``, ``<answer>`` or Qwen3's ``<think>`` is
+tokenized as plain text, so it can neither end the turn, open or close a think block, nor inject an answer. The
+template is rendered with placeholders for message contents; when no added token falls inside a content span the
+whole string's tokens are used as they are (exactly what the model saw in training); otherwise the content spans are
+tokenized apart, each as if the tokenizer had no added tokens (``ChatFormat.data_ids``).
 """
 from __future__ import annotations
 
@@ -168,6 +169,7 @@ class ChatFormat:
                              "prompt with the model's own template (add one to its tokenizer_config.json)")
         self.tokenizer, self.chat, self.answer = tokenizer, chat, answer
         self._added = {i for i in tokenizer.added_tokens_decoder}
+        self._plain = None   # the tokenizer without its added tokens, built on the first data that needs it
         plain = tokenizer("a", add_special_tokens=True)["input_ids"]
         bare = tokenizer("a", add_special_tokens=False)["input_ids"]
         bos = tokenizer.bos_token_id
@@ -214,8 +216,25 @@ class ChatFormat:
         ids: list[int] = []
         for t, is_data in pieces:
             if t:
-                ids += self.tokenizer(t, add_special_tokens=False, split_special_tokens=is_data)["input_ids"]
+                ids += self.data_ids(t) if is_data else self.tokenizer(t, add_special_tokens=False)["input_ids"]
         return ids
+
+    def data_ids(self, text: str) -> list[int]:
+        """``text`` as plain data: the ids the tokenizer gives it when no added token is in it, otherwise the ids it
+        would give if it had no added tokens at all. Not ``split_special_tokens``: that splits only the tokens marked
+        special, and Qwen3's ``<think>`` and ``</think>``, Qwen2.5's ``<tool_call>`` are added tokens marked
+        non-special, which the tokenizer matches in any text."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not any(i in self._added for i in ids):
+            return list(ids)
+        if self._plain is None:
+            from tokenizers import Tokenizer
+
+            spec = json.loads(self.tokenizer.backend_tokenizer.to_str())
+            # the same normalizer, pre-tokenizer and model; no added-token matching, no padding or truncation
+            spec.update(added_tokens=[], padding=None, truncation=None)
+            self._plain = Tokenizer.from_str(json.dumps(spec))
+        return list(self._plain.encode(text, add_special_tokens=False).ids)
 
     def user_content(self, question: str, instruction: str | None = None) -> str:
         instruction = self.answer.instruction if instruction is None else instruction

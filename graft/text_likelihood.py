@@ -1,6 +1,6 @@
 """How well a model predicts held-out plain text: an old-task suite that needs no answers (grader ``perplexity``).
 
-A passage is tokenized as plain data (special-token strings in it stay text), with the BOS token where the tokenizer
+A passage is tokenized as plain data (added-token strings in it stay text), with the BOS token where the tokenizer
 adds one to plain text. Every token after the first position is scored from the tokens before it:
 
   nll             = sum of -log p(token | preceding tokens) / number of scored tokens, over the whole suite
@@ -20,9 +20,9 @@ from torch.nn.utils.rnn import pad_sequence
 
 
 def text_ids(fmt, text: str) -> list[int]:
-    """``text`` as plain data in ``fmt``'s tokenizer (``graft.chat.ChatFormat``), BOS first where it uses one.
-    Special-token strings in the text are split into plain text (without any, the ids are the usual ones)."""
-    ids = list(fmt.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    """``text`` as plain data in ``fmt``'s tokenizer (``graft.chat.ChatFormat.data_ids``), BOS first where it uses
+    one. Added-token strings in the text stay plain text (without any, the ids are the usual ones)."""
+    ids = fmt.data_ids(text)
     return [fmt.bos_id] + ids if fmt.bos_id is not None else ids
 
 

@@ -77,7 +77,7 @@ def test_special_token_strings_in_a_passage_stay_text(tiny_fmt):
 
 
 def test_bos_comes_first_where_the_tokenizer_uses_one(tiny_fmt):
-    with_bos = SimpleNamespace(tokenizer=tiny_fmt.tokenizer, bos_id=7)
+    with_bos = SimpleNamespace(data_ids=tiny_fmt.data_ids, bos_id=7)
     assert text_ids(with_bos, "12+3") == [7] + text_ids(tiny_fmt, "12+3")
 
 
