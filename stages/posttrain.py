@@ -21,7 +21,7 @@ from graft.atomic import write_json
 from graft.chat import ChatSpec, answer_format, open_chat
 from graft.cli import run_stage
 from graft.openmp import use_threads
-from graft.distributed import init_distributed
+from graft.distributed import init_distributed, leave_distributed
 from graft.finetuning import SupervisedObjective, TrainSpec, train_to_snapshots
 from graft.inputs import InputSpec, read_input
 from graft.modeling import load_model, load_tokenizer
@@ -57,9 +57,11 @@ def main() -> None:
         out=Path(f"models/family/{args.name}"), inputs=[p.model, spec_in.path],
         settings={"stage": "posttrain", "posttrain": dict(p), "chat": dict(chat), "answer": dict(answer)},
         dist_info=info, desc=f"posttrain {args.name}")
-    write_json(f"reports/family/{args.name}.json", log.curve)
-    print(f"posttrain {args.name}: {len(encoded)} examples, {len(log.curve)} steps, "
-          f"final loss {log.curve[-1]['loss']:.4f}")
+    if info.main:   # under a torchrun the other ranks have nothing of their own to write
+        write_json(f"reports/family/{args.name}.json", log.curve)
+        print(f"posttrain {args.name}: {len(encoded)} examples, {len(log.curve)} steps, "
+              f"final loss {log.curve[-1]['loss']:.4f}")
+    leave_distributed(info)
 
 
 if __name__ == "__main__":

@@ -356,12 +356,12 @@ def test_tied_embeddings_checkpoint_resume_and_snapshot(tiny_tied_dir, tiny_toke
 
 
 def test_every_stage_that_runs_under_torchrun_leaves_its_group():
-    """A stage that relaunches itself under torchrun and joins a process group ends with leave_distributed
-    (barrier, then destroy the group), as torch asks of a normal exit (evaluate's replicas join no group)."""
+    """A stage that joins a process group (through its own torchrun relaunch, or posttrain's under a torchrun the
+    user starts) ends with leave_distributed (barrier, then destroy the group), as torch asks of a normal exit
+    (evaluate's replicas join no group)."""
     from tests.conftest import REPO
 
-    stages = sorted(p for p in (REPO / "stages").glob("*.py")
-                    if "relaunch_under_torchrun(" in p.read_text() and "init_distributed(" in p.read_text())
-    assert {p.name for p in stages} >= {"finetune.py", "opsd.py", "fisher.py"}
+    stages = sorted(p for p in (REPO / "stages").glob("*.py") if "init_distributed(" in p.read_text())
+    assert {p.name for p in stages} >= {"finetune.py", "opsd.py", "fisher.py", "posttrain.py"}
     missing = [p.name for p in stages if "leave_distributed(info)" not in p.read_text()]
     assert not missing, missing
