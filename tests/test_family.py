@@ -51,6 +51,39 @@ def test_posttrain_writes_a_moved_snapshot_per_epoch_deterministically(box, monk
     assert all(torch.equal(again[k], ep2[k]) for k in ep2)
 
 
+@pytest.mark.slow
+def test_posttrain_under_a_users_torchrun_matches_one_process(box):
+    """posttrain has no num_processes: under a torchrun the user starts (two gloo processes) it trains data-parallel,
+    writes its curve once, leaves the group and exits 0, with snapshots within 1e-5 of one process's."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    TRACES.to_parquet(box / "data/post.parquet", index=False)
+    edit_params(box, lambda p: (_posttrain(p, global_batch_size=4, micro_batch_size=2), p["compute"].update(threads=1)))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1"}
+    stage = ["-m", "stages.posttrain", "--name", "post"]
+
+    def run(launcher: list[str]) -> tuple[dict, list]:
+        r = subprocess.run([sys.executable, *launcher, *stage], cwd=box, env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        snap = _weights(box / "models/family/post/epoch2")
+        curve = json.loads((box / "reports/family/post.json").read_text())
+        shutil.rmtree(box / "models/family")
+        shutil.rmtree(box / ".graft")
+        return snap, curve
+
+    one, one_curve = run([])
+    two, two_curve = run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"])
+    assert [r["step"] for r in one_curve] == [r["step"] for r in two_curve] == [1, 2, 3, 4]   # 5 rows, batch 4
+    assert all(abs(a["loss"] - b["loss"]) < 1e-5 for a, b in zip(one_curve, two_curve))
+    assert one.keys() == two.keys()
+    assert max(float((one[k] - two[k]).abs().max()) for k in one) < 1e-5
+
+
 def test_posttrain_on_a_table_without_traces_writes_nothing(box, monkeypatch, capsys):
     TRACES.drop(columns="think").to_parquet(box / "data/post.parquet", index=False)
     edit_params(box, _posttrain)
