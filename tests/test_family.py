@@ -274,3 +274,26 @@ def test_the_real_run_table_is_read_from_the_runs_folder():
     assert by["sft_lr0.0001_ep4"]["procedure"] == 56 / 64 and by["post"]["procedure"] == 0
     assert by["post"]["broken"] is None
     assert len(markdown(run).splitlines()) == 2 + len(by)
+
+
+def test_the_hard_skills_second_seed_folder_holds_the_readmes_numbers_and_checks():
+    """hard_short seed 1's committed folder: KFAC rho 0.01 at lambda 1 learns as SFT does (0.72) and keeps post's
+    arithmetic (0.55 against 0.53) at KL 0.005 with 6 items broken; SFT answers 46 of 64 arithmetic samples with the
+    new procedure; the checks the README reports (the KFAC rho family beyond noise, "graft > SFT + merge" not)."""
+    import json
+
+    from research.real_table import rows
+    from tests.conftest import REPO
+
+    run = REPO / "research/real/hard_short-seed1"
+    by = {r["point"]: r for r in rows(run)}
+    kfac, sft = by["graft_kfac_lam1.0_rho0.01_lr0.0001_ep4"], by["sft_lr0.0001_ep4"]
+    assert (round(kfac["new"], 2), round(kfac["old"], 2), round(kfac["arith"], 2)) == (0.72, 0.59, 0.55)
+    assert round(kfac["kl"], 3) == 0.005 and kfac["broken"] == 6 and kfac["procedure"] == 0
+    assert sft["new"] == kfac["new"] and sft["procedure"] == 46 / 64 and round(by["post"]["arith"], 2) == 0.53
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["seed"] == 1 and summary["scenario"] == "hard_short"
+    paper = summary["paper_checks"]
+    assert paper["rho family (kfac, lam 1.0) > lambda family"] == {"exact": True, "beyond_noise": True}
+    assert paper["graft family > opsd"] == {"exact": True, "beyond_noise": True}
+    assert not summary["checks_beyond_noise"]["graft > sft_merge"]
