@@ -41,7 +41,16 @@ NONEMPTY = Field(STR, lambda s: s != "", "non-empty")
 # a real model family derived by the pipeline (stages.import_gguf, stages.posttrain); empty for the embedded world
 FAMILY = {
     # name -> a GGUF file shipped in an installed pip package (at this exact version) -> models/family/<name>
-    "imports": Field(dict, item={"package": NONEMPTY, "version": NONEMPTY, "file": NONEMPTY}, default={}),
+    "imports": Field(dict, default={}, item={
+        "package": NONEMPTY, "version": NONEMPTY,
+        "file": NONEMPTY,   # inside the package; with `parts`, the whole GGUF's file name
+        # a GGUF shipped in pieces, each a file in its own package (pinned like the package), joined in this order
+        "parts": Field(list, item={"package": NONEMPTY, "version": NONEMPTY, "file": NONEMPTY}, default=[]),
+        "sha256": Field(STR, lambda s: s == "" or re.fullmatch(r"[0-9a-f]{64}", s) is not None,
+                        "\"\" or 64 lowercase hex digits (the GGUF's SHA-256)", default=""),
+        # a Jinja chat template for a model whose tokenizer has none (a pretrained-only base); "" for the model's own
+        "chat_template": Field(STR, default=""),
+    }),
     # name -> a narrow post-training run of `model` on `data` (question/think/answer traces) ->
     # models/family/<name>/epoch<e>: its own optimiser settings, so the finetune recipe never moves the post model
     "posttrain": Field(dict, default={}, item={

