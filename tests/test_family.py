@@ -299,6 +299,41 @@ def test_the_hard_skills_second_seed_folder_holds_the_readmes_numbers_and_checks
     assert not summary["checks_beyond_noise"]["graft > sft_merge"]
 
 
+def test_the_hard_skills_rho_grid_folder_holds_the_readmes_numbers_and_shares_the_seed_runs_points():
+    """hard_short_grid seed 1: at lambda 1 the KFAC mask's retention KL falls monotonically with rho while the new
+    task holds to rho 0.01; at lambda 0.5 every rho past 0.001 costs new task; the points it shares with hard_short
+    seed 1 (all but the KL-budget proposals, which pick among the sweep's own rhos) are identical."""
+    import json
+
+    import pandas as pd
+
+    from research.real_table import rows
+    from tests.conftest import REPO
+
+    run = REPO / "research/real/hard_short_grid-seed1"
+    by = {r["point"]: r for r in rows(run)}
+
+    def kfac(lam: float, rho: float) -> dict:
+        return by[f"graft_kfac_lam{lam}_rho{rho}_lr0.0001_ep4"]
+
+    rhos = (0.001, 0.005, 0.01, 0.05)
+    kls = [kfac(1.0, r)["kl"] for r in rhos]
+    assert kls == sorted(kls, reverse=True) and round(kls[0], 3) == 0.070 and round(kls[-1], 4) == 0.0005
+    assert [round(kfac(1.0, r)["new"], 2) for r in rhos] == [0.73, 0.73, 0.72, 0.55]
+    assert [round(kfac(0.5, r)["new"], 2) for r in rhos] == [0.56, 0.33, 0.23, 0.03]
+    assert round(by["graft_diagonal_lam1.0_rho0.05_lr0.0001_ep4"]["kl"], 3) == 0.058
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["seed"] == 1 and summary["scenario"] == "hard_short_grid" and len(by) == 38
+    paper = summary["paper_checks"]
+    assert paper["rho family (kfac, lam 1.0) > lambda family"] == {"exact": True, "beyond_noise": True}
+    assert paper["diagonal > kfac at lam 0.5, rho 0.01"] == {"exact": False, "beyond_noise": True}
+    grid = pd.read_parquet(run / "points.parquet").set_index("name")
+    seed = pd.read_parquet(REPO / "research/real/hard_short-seed1/points.parquet").set_index("name")
+    shared = [n for n in seed.index if not n.startswith("proposed")]
+    assert len(shared) == 15
+    scores = [c for c in seed.columns if seed[c].dtype.kind == "f"]  # the frontier flags depend on the sweep
+    pd.testing.assert_frame_equal(grid.loc[shared, scores], seed.loc[shared, scores])
+
 # ---------------------------------------------------------------- a GGUF in pieces, for a pretrained-only base
 
 # ChatML with no default system turn: a template a user gives a base model whose tokenizer has none
