@@ -334,6 +334,24 @@ def test_the_hard_skills_rho_grid_folder_holds_the_readmes_numbers_and_shares_th
     scores = [c for c in seed.columns if seed[c].dtype.kind == "f"]  # the frontier flags depend on the sweep
     pd.testing.assert_frame_equal(grid.loc[shared, scores], seed.loc[shared, scores])
 
+
+def test_opsd_at_alpha_0_on_the_hard_skills_second_seed_breaks_the_model_as_the_readme_says():
+    """hard_short_rest seed 1: OPSD with the forward KL learns nothing and breaks the old task (35 items), and the graft
+    family dominates OPSD at both alphas beyond noise."""
+    import json
+
+    from research.real_table import rows
+    from tests.conftest import REPO
+
+    run = REPO / "research/real/hard_short_rest-seed1"
+    opsd = {r["point"]: r for r in rows(run)}["opsd_alpha0.0_lr0.0001_ep4"]
+    assert (round(opsd["new"], 2), round(opsd["old"], 2), round(opsd["kl"], 3)) == (0.03, 0.15, 0.086)
+    assert opsd["broken"] == 35
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["seed"] == 1 and summary["scenario"] == "hard_short_rest"
+    for alpha in ("0.0", "0.5"):
+        assert summary["paper_checks"][f"graft family > opsd alpha {alpha}"] == {"exact": True, "beyond_noise": True}
+
 # ---------------------------------------------------------------- a GGUF in pieces, for a pretrained-only base
 
 # ChatML with no default system turn: a template a user gives a base model whose tokenizer has none
