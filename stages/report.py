@@ -85,7 +85,8 @@ def plot_paths(df: pd.DataFrame, path: Path) -> None:
         axes[0].plot(ts, list(base_path[col]) + [post[col]], style, label=col.replace("_", " "))
     axes[0].set_xlabel("t in base + t (post - base)")
     axes[0].set_ylabel("pass@1")
-    axes[0].set_title("post-training path")
+    # the figure is a declared output, so it is drawn even when diagnostics.interpolation asks for no points
+    axes[0].set_title("post-training path" if len(base_path) else "post-training path (no interpolation points)")
     for method in ("graft", "sft_merge"):
         for (lr, ep), sub in df[df.method == method].groupby(["lr", "epoch"]):
             sub = sub.sort_values("lam")
@@ -130,14 +131,19 @@ def plot(df: pd.DataFrame, path: Path, x_label: str) -> None:
     save_figure(fig, [ax], path, legend_size=8)
 
 
+def draw_figures(df: pd.DataFrame, source: str, reports: Path) -> None:
+    """Both figures the stage declares, whatever the sweep: a run with `diagnostics.interpolation: []` has no
+    base_to_post points and still gets its interpolation figure (DVC fails a stage that leaves an output unwritten)."""
+    plot(df[df.method != DIAGNOSTIC], reports / "pareto.png", new_task_axis(source))
+    plot_paths(df, reports / "diagnostics/interpolation.png")
+
+
 def main() -> None:
     allp = load_all()
     points = sweep_points(allp) + proposed_points(allp, read_parquet(PROPOSED))
     df = load_points([pt.name for pt in points], Path("reports/points"))
     write_parquet("reports/points.parquet", df)
-    plot(df[df.method != DIAGNOSTIC], Path("reports/pareto.png"), new_task_axis(allp["finetune"].source))
-    if (df.method == DIAGNOSTIC).any():
-        plot_paths(df, Path("reports/diagnostics/interpolation.png"))
+    draw_figures(df, allp["finetune"].source, Path("reports"))
     # DVC plot data for .dvc/plots/pareto.json (Vega-Lite): one record per point
     write_json("reports/pareto.json", [
         {"method": r.method, "name": r.name, "new_task": r.new_task, "old_task": r.old_task,

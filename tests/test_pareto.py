@@ -33,3 +33,21 @@ def test_pareto_axis_names_what_the_new_task_measures():
     assert "injected facts" in new_task_axis("knowledge") and "greedy" in new_task_axis("knowledge")
     for source in ("teacher", "star", "synthself", "external"):
         assert "mined problems" in new_task_axis(source)
+
+
+def test_the_report_draws_both_declared_figures_without_interpolation_points(tmp_path):
+    """reports/pareto.png and reports/diagnostics/interpolation.png are declared outputs of the report stage, so a
+    run with `diagnostics.interpolation: []` (no base_to_post points) must still write both (a real run failed
+    there: the interpolation figure was drawn only when such points existed)."""
+    import pandas as pd
+
+    from graft.points import DIAGNOSTIC
+    from stages.report import draw_figures
+    from tests.conftest import REPO
+
+    df = pd.read_parquet(REPO / "research/real/hard_short-seed1/points.parquet")
+    assert (df.method == DIAGNOSTIC).any()
+    for name, rows in (("with", df), ("without", df[df.method != DIAGNOSTIC])):
+        draw_figures(rows, "teacher", tmp_path / name)
+        for fig in ("pareto.png", "diagnostics/interpolation.png"):
+            assert (tmp_path / name / fig).stat().st_size > 1000, (name, fig)
