@@ -352,6 +352,27 @@ def test_opsd_at_alpha_0_on_the_hard_skills_second_seed_breaks_the_model_as_the_
     for alpha in ("0.0", "0.5"):
         assert summary["paper_checks"][f"graft family > opsd alpha {alpha}"] == {"exact": True, "beyond_noise": True}
 
+
+def test_the_real_donor_sweep_folder_holds_the_readmes_numbers():
+    """knowledge_donors seed 0: the donor taken along post-training (epoch 1) grafts better than the base at lambda 1
+    (0.54 / 0.43 against 0.40 / 0.33) and its frontier's hypervolume is larger (0.241 against 0.151)."""
+    import json
+
+    import pandas as pd
+
+    from tests.conftest import REPO
+
+    run = REPO / "research/real/knowledge_donors-seed0"
+    choice = pd.read_parquet(run / "donors_choice.parquet").set_index("donor")
+    assert round(choice.loc["post_ep1", "hypervolume"], 3) == 0.241
+    assert round(choice.loc["finetune.donor", "hypervolume"], 3) == 0.151
+    points = pd.read_parquet(run / "points.parquet").set_index("name")
+    ep1, base = points.loc["graft_donor-post_ep1_lam1.0_lr0.0001_ep2"], points.loc["graft_lam1.0_lr0.0001_ep2"]
+    assert (round(ep1.new_task, 2), round(ep1.old_task, 2)) == (0.54, 0.43)
+    assert (round(base.new_task, 2), round(base.old_task, 2)) == (0.40, 0.33)
+    summary = json.loads((run / "donors_summary.json").read_text())["donor_choice"]["lr0.0001_ep2"]
+    assert summary["order_by_hypervolume"] == "post_ep1 > finetune.donor"
+
 # ---------------------------------------------------------------- a GGUF in pieces, for a pretrained-only base
 
 # ChatML with no default system turn: a template a user gives a base model whose tokenizer has none
