@@ -12,31 +12,23 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import timed  # noqa: E402
 from graft.generation import HFGenerator, SamplingSpec  # noqa: E402
 from graft.modeling import load_model, load_tokenizer  # noqa: E402
 
 TEXT = ("Ravi has 11 stamps and gives away 3. He starts with 11 stamps and gives away 3: 11 - 3 = 8. So 8 stamps are "
         "left. ") * 12
+GREEDY = SamplingSpec(1, 0.0, 1.0, 48, 0)
 
 
-def train_step(model: torch.nn.Module, ids: torch.Tensor) -> float:
-    t = time.perf_counter()
-    out = model(input_ids=ids, labels=ids)
-    out.loss.backward()
+def train_step(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    model(input_ids=ids, labels=ids).loss.backward()
     model.zero_grad(set_to_none=True)
-    return time.perf_counter() - t
-
-
-def generate(gen: HFGenerator, prompts: list[list[int]]) -> float:
-    t = time.perf_counter()
-    gen.generate(prompts, SamplingSpec(1, 0.0, 1.0, 48, 0))
-    return time.perf_counter() - t
 
 
 def main() -> None:
@@ -54,21 +46,21 @@ def main() -> None:
         # no stop: every row generates all 48 tokens, so both models do the same amount of work
         gen = HFGenerator.from_model(model, tok, [-1], tok.pad_token_id or 0, batch_size=32)
         kits.append((path, model, ids, prompts, gen))
-    times: dict[str, dict[str, list[float]]] = {str(p): {"train step": [], "generate": []} for p, *_ in kits}
+    times = {path: {"train step": [], "generate": []} for path, *_ in kits}
     for _ in range(args.reps):
         for path, model, ids, prompts, gen in kits:   # alternate, so drift in the machine's load hits both
             model.train()
-            times[str(path)]["train step"].append(train_step(model, ids))
+            times[path]["train step"].append(timed(lambda: train_step(model, ids))[0])
             model.eval()
-            times[str(path)]["generate"].append(generate(gen, prompts))
-    first = str(args.models[0])
-    for path, rows in times.items():
+            times[path]["generate"].append(timed(lambda: gen.generate(prompts, GREEDY))[0])
+    first = times[args.models[0]]
+    for path, model, *_ in kits:
         cells = []
-        for what, ts in rows.items():
+        for what, ts in times[path].items():
             med = statistics.median(ts)
-            ratio = med / statistics.median(times[first][what])
+            ratio = med / statistics.median(first[what])
             cells.append(f"{what} {med:.2f} s ({ratio:.2f}x; {', '.join(f'{t:.2f}' for t in ts)})")
-        n = sum(p.numel() for p in kits[[str(k[0]) for k in kits].index(path)][1].parameters())
+        n = sum(p.numel() for p in model.parameters())
         print(f"{path} ({n / 1e6:.0f}M parameters): {'; '.join(cells)}", flush=True)
 
 
