@@ -10,6 +10,7 @@ diagnostics and KL report to research/real/<scenario>-seed<S>/ with the wall tim
 params.yaml and dvc.lock (`dvc checkout` brings the default's outputs back from the cache).
 
     python research/real_model.py hard_short_rest --seed 0 --reuse hard_short_rho-seed0
+    python research/real_model.py --checks-over knowledge-seed0 knowledge_rho005-seed0
 
 puts the named runs' point records and samples (research/real/<run>/points, samples) into reports/ first, so evaluate
 keeps every point whose key still matches (same model, data, grading and code) instead of scoring it again; a point
@@ -140,6 +141,31 @@ def write_summary(run: Path, params: dict, head: dict) -> None:
     (run / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
+def pooled_points(runs: list[str]) -> tuple[pd.DataFrame, tuple[float, float], list[str]]:
+    """The points of several runs of one scenario and seed (a cut-down run beside the full one), for checks over
+    them all; their common noise margin; the names kept apart. A point two runs share with the same task scores is
+    one point; with different scores (a setting the name does not carry, such as OPSD's teacher context) each run's
+    is kept, renamed <name>@<run>. Proposed points are left out: each run's propose searches only its own sweep."""
+    tables, margin = [], None
+    for name in runs:
+        src = OUT / name
+        if not (src / "points.parquet").exists():
+            raise SystemExit(f"--checks-over {name}: no {src}/points.parquet")
+        m = margins(yaml.safe_load((src / "params.yaml").read_text()))
+        if margin is not None and m != margin:
+            raise SystemExit(f"--checks-over {name}: noise margins {m} differ from {runs[0]}'s {margin} (another "
+                             f"grading or sample count: not pooled)")
+        margin = m
+        pts = pd.read_parquet(src / "points.parquet")
+        tables.append(pts[~pts.method.str.startswith("proposed")].assign(run=name))
+    pooled = pd.concat(tables, ignore_index=True)
+    apart = [point for point, same in pooled.groupby("name")
+             if same.new_task.nunique() > 1 or same.old_task.nunique() > 1]
+    split = pooled.name.isin(apart)
+    pooled.loc[split, "name"] = pooled.loc[split, "name"] + "@" + pooled.loc[split, "run"]
+    return pooled.drop_duplicates("name").drop(columns="run").reset_index(drop=True), margin, apart
+
+
 def scenario_overlay(scenario: str) -> dict:
     """research/real/<scenario>.yaml's keys; a file with ``extends: <other>`` is <other>'s keys with its own replaced
     (a cut-down run of a scenario names what it changes, nothing more)."""
@@ -180,12 +206,21 @@ def put_back(runs: list[str]) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("scenario", help="research/real/<scenario>.yaml")
+    ap.add_argument("scenario", nargs="?", help="research/real/<scenario>.yaml")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reuse", nargs="*", default=[], metavar="RUN",
                     help="earlier runs (research/real/<RUN>) whose scored points evaluate may keep")
     ap.add_argument("--summarise", action="store_true", help="only rebuild summary.json from the run's folder")
+    ap.add_argument("--checks-over", nargs="+", metavar="RUN",
+                    help="only print the paper checks over these run folders' points pooled (one scenario and seed)")
     args = ap.parse_args()
+    if args.checks_over:
+        points, margin, apart = pooled_points(args.checks_over)
+        print(json.dumps({"runs": args.checks_over, "points": len(points), "margin": margin, "kept_apart": apart,
+                          "paper_checks": paper_checks(points, margin)}, indent=2, sort_keys=True))
+        return
+    if args.scenario is None:
+        ap.error("a scenario is needed (or --checks-over)")
     if args.summarise:
         run = OUT / f"{args.scenario}-seed{args.seed}"
         params = yaml.safe_load((run / "params.yaml").read_text())

@@ -208,6 +208,29 @@ def test_the_paper_checks_compare_each_opsd_objective_both_ways():
     assert not checks["graft family > opsd"]["exact"]
 
 
+def test_checks_over_pooled_runs_give_the_readmes_rho_0005_claims_and_keep_a_differing_point_apart(monkeypatch):
+    """--checks-over knowledge-seed0 knowledge_rho005-seed0 (README "Seed 0: rho 0.005"): with rho 0.005 added, the
+    rho family at lambda 1 dominates the lambda family beyond noise for KFAC and diagonal, not exactly, never for the
+    random control; KFAC and diagonal at rho 0.005 dominate neither way. OPSD alpha 0.5 is two points under one name
+    (demonstration teacher in one run, passage teacher in the other): kept apart, never silently merged."""
+    from research.real_model import paper_checks, pooled_points
+    from tests.conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    points, margin, apart = pooled_points(["knowledge-seed0", "knowledge_rho005-seed0"])
+    assert apart == ["opsd_alpha0.5_lr0.0001_ep2"] and len(points) == 32
+    assert {"opsd_alpha0.5_lr0.0001_ep2@knowledge-seed0", "opsd_alpha0.5_lr0.0001_ep2@knowledge_rho005-seed0"} <= \
+        set(points.name)
+    assert not points.method.str.startswith("proposed").any() and points.name.is_unique
+    checks = paper_checks(points, margin)
+    for mask, beyond in (("kfac", True), ("diagonal", True), ("random", False)):
+        assert checks[f"rho family ({mask}, lam 1.0) > lambda family"] == {"exact": False, "beyond_noise": beyond}
+    for a, b in (("kfac", "diagonal"), ("diagonal", "kfac")):
+        assert checks[f"{a} > {b} at lam 1.0, rho 0.005"] == {"exact": False, "beyond_noise": False}
+    with pytest.raises(SystemExit, match="noise margins"):
+        pooled_points(["knowledge-seed0", "hard_short-seed0"])   # another new task: not one scenario's runs
+
+
 def test_a_scenario_that_extends_another_changes_only_what_it_names():
     from research.real_model import scenario_overlay
 
