@@ -75,13 +75,17 @@ def estimate_diag_fisher(model: torch.nn.Module, rollouts: Sequence[tuple[Sequen
     per_sample = vmap(one, in_dims=(None, 0, 0))
     for start in tqdm(range(0, len(rollouts), chunk), desc="fisher", mininterval=2.0):
         ids, w = rollout_batch(rollouts[start: start + chunk], pad_id)
+        # each gradient is fresh and ours: squared in place, not into a temporary of its size (a large fresh tensor
+        # is paid in page faults on a CPU; the same products, so the same bits as g.pow(2))
         if len(ids) == 1:   # one rollout: a plain backward (vmap batching one sample only costs, attention most)
             for k, g in one(params, ids[0].to(dev), w[0].to(dev)).items():
-                fisher[k] += g.float().pow(2)
+                g = g.float()
+                fisher[k] += g.mul_(g)
             continue
         grads = per_sample(params, ids.to(dev), w.to(dev))
         for k, g in grads.items():
-            fisher[k] += g.float().pow(2).sum(0)
+            g = g.float()
+            fisher[k] += g.mul_(g).sum(0)
     if reduce is not None:
         for v in fisher.values():
             reduce(v)
