@@ -81,9 +81,19 @@ def main() -> None:
         add(guarded(what, size, fn))
 
     def sweep_rows() -> list[Row]:
-        from benchmarks.eval_sweep import measure_sweep
+        import subprocess
+        import sys
 
-        m = measure_sweep()
+        from benchmarks.load_rows import _result
+
+        # a fresh process where the suite runs (a workspace with the default outputs): the suite's own heap after
+        # the 1B parts left the in-process vLLM engine too little memory for its KV cache (2026-12-06)
+        r = subprocess.run([sys.executable, "-m", "benchmarks.eval_sweep", "--row"], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        found = _result(r.stdout, "sweep")
+        if r.returncode or found is None:
+            raise SystemExit(f"eval_sweep --row failed (exit {r.returncode}): {(r.stderr or r.stdout)[-600:]}")
+        m = found["sweep"]
         return [Row("evaluating a 6-point sweep", "toy", "one engine per point", m["shared_s"], m["per_point_s"],
                     ">= 3x", note=f"shared engine (start {m['start_s']:.1f} s once); identical samples: {m['same']}")]
 

@@ -1,6 +1,7 @@
 """Evaluating a lambda sweep: one engine per point vs the shared engine, and vLLM vs HF tokens per second.
 
     python benchmarks/eval_sweep.py            (after `dvc repro`; reads the default world's graft delta)
+    python -m benchmarks.eval_sweep --row      (part 1 only, as one JSON line: the suite's sweep row)
 
 1. A 6-point lambda sweep of post + lam * graft delta, evaluated exactly as the evaluate stage does (same tables,
    sampling and grading), two ways in one run:
@@ -12,6 +13,7 @@
 """
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -76,7 +78,13 @@ def measure_sweep() -> dict:
 
 
 def main() -> None:
+    import sys
+
     m = measure_sweep()
+    if sys.argv[1:] == ["--row"]:   # the suite's row, in a fresh process: the suite's own heap (the 1B parts) once
+        # left the in-process vLLM engine too little memory for its KV cache
+        print(json.dumps({"sweep": {k: m[k] for k in ("per_point_s", "shared_s", "start_s", "same")}}), flush=True)
+        return
     per_point_s, shared_s, start_s, same, shared = (m[k] for k in ("per_point_s", "shared_s", "start_s", "same",
                                                                     "shared"))
     vllm, score, fmt, gen, models = m["vllm"], m["score"], m["fmt"], m["p"]["generation"], m["p"]["models"]
