@@ -20,6 +20,7 @@ import torch
 import yaml
 
 from benchmarks.common import PrivatePeak, Row, timed
+from benchmarks.read_tensors import Touch
 from benchmarks.sizes import Size, post_dtype, work_dir
 from graft.kfac import kfac_rotation
 from graft.tensors import TensorReader, dtype_of, write_like
@@ -43,12 +44,13 @@ def settled(fn):
 
 
 def _read_all(*paths: Path, only=lambda name: True) -> int:
-    total = 0
+    """Every selected tensor's bytes read once (``Touch``: taking a lazily mapped tensor alone reads nothing)."""
+    total, touch = 0, Touch()
     for path in paths:
         with TensorReader(path) as r:
             for name in r.names():
                 if only(name):
-                    total += r.get(name).numel()
+                    total += touch(r.get(name))
     return total
 
 
@@ -154,8 +156,9 @@ def io_floor(post: Path, delta: Path, out: Path) -> float:
     def run():
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
+        touch = Touch()   # the delta's bytes read (the merge reads them); post's are read by writing them
         with TensorReader(post) as p, TensorReader(delta) as d:
-            write_like(p, out, None, lambda n: (d.get(n), p.get(n))[1])
+            write_like(p, out, None, lambda n: (touch(d.get(n)), p.get(n))[1])
     seconds, _ = settled(run)
     return seconds
 
