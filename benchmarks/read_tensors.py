@@ -10,20 +10,15 @@ import sys
 
 
 class Touch:
-    """Reads a tensor's bytes: one copy into a buffer reused from tensor to tensor. safetensors maps a file's tensors
-    lazily (0.8 here), so taking a tensor from a file reads nothing until its bytes are used: until 2026-12-06 the
-    suite's reads and its merge floor's delta only took the tensors, and measured start-up and headers."""
-
-    def __init__(self) -> None:
-        self.buf = None
+    """Reads a tensor's bytes, nothing more: the largest byte, a reduction that reads every byte once and writes
+    nothing (a copy into a buffer also writes, 5x the time of this on a 135M Fisher here). safetensors maps a file's
+    tensors lazily (0.8 here), so taking a tensor from a file reads nothing until its bytes are used: until 2026-12-06
+    the suite's reads and its merge floor's delta only took the tensors, and measured start-up and headers."""
 
     def __call__(self, t) -> int:
         import torch
 
-        raw = t.reshape(-1).view(torch.uint8)
-        if self.buf is None or self.buf.numel() < raw.numel():
-            self.buf = torch.empty(raw.numel(), dtype=torch.uint8)
-        self.buf[: raw.numel()].copy_(raw)
+        t.reshape(-1).view(torch.uint8).max()
         return t.numel()
 
 
