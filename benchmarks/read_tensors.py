@@ -18,7 +18,8 @@ class Touch:
     def __call__(self, t) -> int:
         import torch
 
-        t.reshape(-1).view(torch.uint8).max()
+        if t.numel():   # an empty tensor has no bytes (and no largest one)
+            t.reshape(-1).view(torch.uint8).max()
         return t.numel()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import REPO
 
@@ -30,3 +31,30 @@ def test_benchmark_dry_run_writes_every_row(tmp_path):
     assert rows["diagonal Fisher vs the naive per-rollout reference"]["met"]
     assert result["machine"]["cores"] >= 1 and result["load_average"]["samples"] >= 1
     assert "| what | size | measured |" in r.stdout
+
+
+def test_the_benchmarks_read_touches_every_byte_of_a_lazily_mapped_tensor(tmp_path):
+    """safetensors maps tensors lazily: taking one reads nothing, so a 'read' that only takes tensors measures start-up
+    (the suite's mask reads and merge floor did until 2026-12-06). Touch must bring the mapped pages in (the file pages
+    this process maps, RssFile, grow by the tensor's size); an empty tensor is no error."""
+    import torch
+    from safetensors.torch import save_file
+
+    from benchmarks.read_tensors import Touch
+    from graft.tensors import TensorReader
+
+    def mapped_mb() -> float:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssFile:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no RssFile in /proc/self/status")
+
+    path = tmp_path / "t.safetensors"
+    save_file({"big": torch.ones(16_000_000), "empty": torch.zeros(0)}, str(path))   # 64 MB
+    with TensorReader(path) as r:
+        before = mapped_mb()
+        big = r.get("big")
+        taken = mapped_mb() - before
+        assert Touch()(big) == 16_000_000 and Touch()(r.get("empty")) == 0
+        touched = mapped_mb() - before
+    assert taken < 32 and touched > 60, (taken, touched)
