@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from benchmarks.common import PrivatePeak, Row, timed
-from benchmarks.read_tensors import Touch
+from benchmarks.read_tensors import touch
 from benchmarks.sizes import Size, post_dtype, work_dir
 from graft.kfac import kfac_rotation
 from graft.tensors import TensorReader, dtype_of, write_like
@@ -44,8 +44,8 @@ def settled(fn):
 
 
 def _read_all(*paths: Path, only=lambda name: True) -> int:
-    """Every selected tensor's bytes read once (``Touch``: taking a lazily mapped tensor alone reads nothing)."""
-    total, touch = 0, Touch()
+    """Every selected tensor's bytes read once (``touch``: taking a lazily mapped tensor alone reads nothing)."""
+    total = 0
     for path in paths:
         with TensorReader(path) as r:
             for name in r.names():
@@ -156,7 +156,7 @@ def io_floor(post: Path, delta: Path, out: Path) -> float:
     def run():
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        touch = Touch()   # the delta's bytes read (the merge reads them); post's are read by writing them
+        # the delta's bytes read (the merge reads them); post's are read by writing them
         with TensorReader(post) as p, TensorReader(delta) as d:
             write_like(p, out, None, lambda n: (touch(d.get(n)), p.get(n))[1])
     seconds, _ = settled(run)

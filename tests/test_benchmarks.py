@@ -35,12 +35,12 @@ def test_benchmark_dry_run_writes_every_row(tmp_path):
 
 def test_the_benchmarks_read_touches_every_byte_of_a_lazily_mapped_tensor(tmp_path):
     """safetensors maps tensors lazily: taking one reads nothing, so a 'read' that only takes tensors measures start-up
-    (the suite's mask reads and merge floor did until 2026-12-06). Touch must bring the mapped pages in (the file pages
+    (the suite's mask reads and merge floor did until 2026-12-06). touch must bring the mapped pages in (the file pages
     this process maps, RssFile, grow by the tensor's size); an empty tensor is no error."""
     import torch
     from safetensors.torch import save_file
 
-    from benchmarks.read_tensors import Touch
+    from benchmarks.read_tensors import touch
     from graft.tensors import TensorReader
 
     def mapped_mb() -> float:
@@ -55,6 +55,6 @@ def test_the_benchmarks_read_touches_every_byte_of_a_lazily_mapped_tensor(tmp_pa
         before = mapped_mb()
         big = r.get("big")
         taken = mapped_mb() - before
-        assert Touch()(big) == 16_000_000 and Touch()(r.get("empty")) == 0
+        assert touch(big) == 16_000_000 and touch(r.get("empty")) == 0
         touched = mapped_mb() - before
     assert taken < 32 and touched > 60, (taken, touched)
