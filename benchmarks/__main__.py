@@ -84,13 +84,13 @@ def main() -> None:
         import subprocess
         import sys
 
-        from benchmarks.load_rows import _result
+        from benchmarks.common import json_line
 
         # a fresh process where the suite runs (a workspace with the default outputs): the suite's own heap after
         # the 1B parts left the in-process vLLM engine too little memory for its KV cache (2026-12-06)
         r = subprocess.run([sys.executable, "-m", "benchmarks.eval_sweep", "--row"], capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-        found = _result(r.stdout, "sweep")
+        found = json_line(r.stdout, "sweep")
         if r.returncode or found is None:
             raise SystemExit(f"eval_sweep --row failed (exit {r.returncode}): {(r.stderr or r.stdout)[-600:]}")
         m = found["sweep"]

@@ -2,6 +2,7 @@
 format of benchmarks/results.json (two times measured in the same run, their ratio and the goal)."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -14,6 +15,15 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
+
+
+def json_line(text: str, key: str) -> dict | None:
+    """The last line of a child's output that is a JSON object opening with ``key``: a benchmark child prints its
+    result that way, and vLLM logs to stdout too, before and after it."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(f'{{"{key}"'):
+            return json.loads(line)
+    return None
 
 
 def rss_anon_mb(pid: int | str = "self") -> float:

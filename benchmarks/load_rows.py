@@ -5,7 +5,6 @@ of POLICIES: the stages' own (graft.openmp's 100 spins, vLLM inside the stage's 
 same environment as the measured one, as two pipelines of one version would."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -15,7 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.common import Row
+from benchmarks.common import Row, json_line
 from benchmarks.sizes import diagonal_fisher, finetuned_and_delta, kfac_file, smollm2
 from benchmarks.tensor_rows import REPO, _sandbox
 
@@ -40,14 +39,6 @@ def _describe(policy: dict) -> str:
                "multiprocess (engine core + pinned worker)"))
 
 
-def _result(text: str, key: str) -> dict | None:
-    """load_work's JSON line: vLLM logs to stdout too, before and after it."""
-    for line in reversed(text.splitlines()):
-        if line.startswith(f'{{"{key}"'):
-            return json.loads(line)
-    return None
-
-
 # a piece beside a load is stopped after this many times its time alone (at least CAP_MIN_S): beside a vLLM engine a
 # second engine was seen to get 1.6% of a core and not finish 32 x 64 tokens in 14 minutes (12.7 s alone); the row
 # then says "at least" instead of the suite never ending
@@ -68,7 +59,7 @@ def _measure(work: str, model: Path, box: Path | None, env: dict, cap_s: float |
     except BaseException:
         _stop(p)
         raise
-    found = _result(out, "seconds")
+    found = json_line(out, "seconds")
     if p.returncode or found is None:
         raise SystemExit(f"load_work {work} failed ({p.returncode}):\n{out[-1000:]}\n{err[-1000:]}")
     return found["seconds"], True
@@ -81,7 +72,7 @@ def _start_load(kind: str, model: Path, env: dict) -> subprocess.Popen:
     # ready: the model is loaded (and the engine started); the load is running. vLLM logs to stdout too: read up to
     # the ready line, then keep draining so that a full pipe never stalls the load
     for line in p.stdout:
-        if _result(line, "ready"):
+        if json_line(line, "ready"):
             break
     else:
         raise SystemExit(f"the {kind} load did not start")

@@ -58,3 +58,13 @@ def test_the_benchmarks_read_touches_every_byte_of_a_lazily_mapped_tensor(tmp_pa
         assert touch(big) == 16_000_000 and touch(r.get("empty")) == 0
         touched = mapped_mb() - before
     assert taken < 32 and touched > 60, (taken, touched)
+
+
+def test_a_childs_result_is_its_last_json_line_of_that_key_among_engine_logs():
+    from benchmarks.common import json_line
+
+    out = ('INFO engine started\n{"seconds": 1.0}\n{"ready": true}\n{"seconds": 2.5, "note": "x"}\n'
+           'INFO engine shut down {"seconds": 9}\n')
+    assert json_line(out, "seconds") == {"seconds": 2.5, "note": "x"}   # the last one, not a log line's braces
+    assert json_line(out, "ready") == {"ready": True}
+    assert json_line(out, "sweep") is None
