@@ -37,6 +37,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from graft.pareto import frontier_dominates  # noqa: E402
+from graft.sweep import run_tag  # noqa: E402
 from research.scenarios import summarise  # noqa: E402
 
 OUT = Path("research/real")
@@ -56,6 +57,20 @@ def overlay(base: dict, over: dict) -> dict:
         else:
             out[k] = copy.deepcopy(v)
     return out
+
+
+def copy_reports(run: Path, params: dict) -> None:
+    """The workspace's reports a run folder keeps, flattened (reports/kl/summary.json -> kl_summary.json), and the
+    Fig. 8 share of each of this run's (lr, epoch): named from params, because a workspace also holds the committed
+    default's reports of other runs."""
+    shares = [Path("reports/fisher_share") / f"{run_tag(float(lr), int(ep))}.parquet"
+              for lr in params["finetune"]["lrs"] for ep in params["sweep"]["epochs"]]
+    for path in [*map(Path, COPIED), *shares]:
+        if path.parent.name == "donors" and not params["donors"]["candidates"]:
+            continue   # one donor, nothing chosen: its report would only restate the donor's frontier
+        if path.exists():
+            shutil.copyfile(path, run / (path.name if path.parent.name == "reports" else
+                                         f"{path.parent.name}_{path.name}"))
 
 
 def broken_items(samples: Path) -> pd.DataFrame:
@@ -249,12 +264,7 @@ def main() -> None:
             (run / "failed.txt").write_text(log.read_text()[-6000:])
             print(f"{run}: dvc repro failed after {wall:.0f} s (failed.txt)")
             return
-        for path in map(Path, COPIED):
-            if path.parent.name == "donors" and not params["donors"]["candidates"]:
-                continue   # one donor, nothing chosen: its report would only restate the donor's frontier
-            if path.exists():
-                shutil.copyfile(path, run / (path.name if path.parent.name == "reports" else
-                                             f"{path.parent.name}_{path.name}"))
+        copy_reports(run, params)
         shutil.copytree(SAMPLES, run / "samples")
         shutil.copytree(POINTS, run / "points")   # the records --reuse puts back (key, metrics, samples hash)
         write_summary(run, params, {"scenario": args.scenario, "seed": args.seed, "wall_s": round(wall)})

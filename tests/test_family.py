@@ -299,6 +299,24 @@ def test_the_real_run_table_is_read_from_the_runs_folder():
     assert len(markdown(run).splitlines()) == 2 + len(by)
 
 
+def test_a_run_folder_keeps_its_reports_and_only_its_own_runs_fig8_share(tmp_path, monkeypatch):
+    """copy_reports flattens the kept reports and takes reports/fisher_share/<run>.parquet for this run's (lr, epoch)
+    only: the workspace also holds the committed default's share (lr0.0001_ep10), which is not this run's."""
+    from research.real_model import copy_reports
+
+    monkeypatch.chdir(tmp_path)
+    for rel in ("reports/kl/summary.json", "reports/points.parquet", "reports/donors/summary.json",
+                "reports/fisher_share/lr0.0001_ep2.parquet", "reports/fisher_share/lr0.0001_ep10.parquet"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    run = tmp_path / "run"
+    run.mkdir()
+    copy_reports(run, {"finetune": {"lrs": [1.0e-04]}, "sweep": {"epochs": [2]}, "donors": {"candidates": {}}})
+    assert sorted(p.name for p in run.iterdir()) == ["fisher_share_lr0.0001_ep2.parquet", "kl_summary.json",
+                                                     "points.parquet"]
+    assert (run / "fisher_share_lr0.0001_ep2.parquet").read_text() == "reports/fisher_share/lr0.0001_ep2.parquet"
+
+
 def test_the_hard_skills_second_seed_folder_holds_the_readmes_numbers_and_checks():
     """hard_short seed 1's committed folder: KFAC rho 0.01 at lambda 1 learns as SFT does (0.72) and keeps post's
     arithmetic (0.55 against 0.53) at KL 0.005 with 6 items broken; SFT answers 46 of 64 arithmetic samples with the
