@@ -394,6 +394,73 @@ def test_opsd_at_alpha_0_on_the_hard_skills_second_seed_breaks_the_model_as_the_
         assert summary["paper_checks"][f"graft family > opsd alpha {alpha}"] == {"exact": True, "beyond_noise": True}
 
 
+def test_the_second_fact_seeds_folder_holds_the_readmes_numbers_and_checks():
+    """knowledge seed 1 with the full scenario (README "The second fact seed"): the random mask leaves the lambda-1
+    graft where it was while KFAC cuts its retention KL monotonically with rho; English perplexity follows the KL;
+    the passage-teacher OPSD injects nothing at either alpha and breaks arithmetic; SFT + merge beats the graft
+    family beyond noise, the graft family beats OPSD beyond noise."""
+    import json
+
+    from research.real_table import rows
+    from tests.conftest import REPO
+
+    run = REPO / "research/real/knowledge-seed1"
+    by = {r["point"]: r for r in rows(run)}
+    assert len(by) == 33
+
+    def at(mask: str, rho: float, lam: float = 1.0) -> dict:
+        return by[f"graft_{mask}_lam{lam}_rho{rho}_lr0.0001_ep2"]
+
+    graft, sft, post = by["graft_lam1.0_lr0.0001_ep2"], by["sft_lr0.0001_ep2"], by["post"]
+    assert (round(graft["new"], 2), round(graft["old"], 2), round(graft["kl"], 3)) == (0.31, 0.34, 0.126)
+    assert (round(sft["new"], 2), round(sft["old"], 2), round(post["old"], 2)) == (0.50, 0.34, 0.48)
+    rhos = (0.001, 0.01, 0.05)
+    kfac = [at("kfac", r)["kl"] for r in rhos]
+    assert kfac == sorted(kfac, reverse=True) and [round(k, 3) for k in kfac] == [0.041, 0.006, 0.001]
+    assert [round(at("kfac", r)["new"], 2) for r in rhos] == [0.40, 0.33, 0.12]
+    assert [round(at("random", r)["kl"], 3) for r in rhos] == [0.126, 0.124, 0.118]
+    ppl = [at("kfac", r)["ppl"] for r in rhos]
+    assert ppl == sorted(ppl, reverse=True) and graft["ppl"] > max(ppl) > sft["ppl"] > post["ppl"]
+    for alpha, old in (("0.0", 0.12), ("0.5", 0.22)):
+        opsd = by[f"opsd_alpha{alpha}_lr0.0001_ep2"]
+        assert opsd["new"] == 0 and round(opsd["old"], 2) == old and opsd["arith"] < 0.2
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["seed"] == 1 and summary["scenario"] == "knowledge"
+    assert summary["checks_beyond_noise"]["sft_merge > graft"] and not summary["checks_beyond_noise"]["graft > sft_merge"]
+    paper = summary["paper_checks"]
+    assert paper["rho family (kfac, lam 1.0) > lambda family"] == {"exact": True, "beyond_noise": False}
+    assert paper["rho family (random, lam 1.0) > lambda family"] == {"exact": False, "beyond_noise": False}
+    assert paper["diagonal > kfac at lam 1.0, rho 0.05"] == {"exact": False, "beyond_noise": True}
+    for alpha in ("0.0", "0.5"):
+        assert paper[f"graft family > opsd alpha {alpha}"] == {"exact": True, "beyond_noise": True}
+
+
+def test_rho_0005_on_the_second_fact_seed_makes_the_kfac_rho_family_dominate_beyond_noise(monkeypatch):
+    """knowledge_rho005 seed 1 pooled with knowledge seed 1 (README "rho 0.005 on seed 1"): KFAC rho 0.005 at lambda 1
+    injects more than the unmasked graft at post's old score, breaking no arithmetic item; with it the KFAC rho
+    family at lambda 1 dominates the lambda family exactly and beyond noise, the diagonal and random ones do not; the
+    points the two runs share are identical."""
+    from research.real_model import paper_checks, pooled_points
+    from research.real_table import rows
+    from tests.conftest import REPO
+
+    run = REPO / "research/real/knowledge_rho005-seed1"
+    by = {r["point"]: r for r in rows(run)}
+    kfac = by["graft_kfac_lam1.0_rho0.005_lr0.0001_ep2"]
+    assert (round(kfac["new"], 2), round(kfac["old"], 2), round(kfac["kl"], 3), kfac["arith"]) == (0.42, 0.49, 0.016,
+                                                                                                 0.65625)
+    broken = pd.read_parquet(run / "broken_items.parquet")
+    assert set(broken[broken.point == "graft_kfac_lam1.0_rho0.005_lr0.0001_ep2"].task) == {"old:facts"}
+    monkeypatch.chdir(REPO)
+    points, margin, apart = pooled_points(["knowledge-seed1", "knowledge_rho005-seed1"])
+    assert apart == [] and len(points) == 31
+    checks = paper_checks(points, margin)
+    assert checks["rho family (kfac, lam 1.0) > lambda family"] == {"exact": True, "beyond_noise": True}
+    for mask in ("diagonal", "random"):
+        assert checks[f"rho family ({mask}, lam 1.0) > lambda family"] == {"exact": False, "beyond_noise": False}
+    assert checks["kfac > diagonal at lam 1.0, rho 0.005"] == {"exact": True, "beyond_noise": False}
+
+
 def test_the_real_donor_sweep_folder_holds_the_readmes_numbers():
     """knowledge_donors seed 0: the donor taken along post-training (epoch 1) grafts better than the base at lambda 1
     (0.54 / 0.43 against 0.40 / 0.33) and its frontier's hypervolume is larger (0.241 against 0.151)."""
