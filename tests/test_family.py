@@ -481,6 +481,34 @@ def test_the_real_donor_sweep_folder_holds_the_readmes_numbers():
     summary = json.loads((run / "donors_summary.json").read_text())["donor_choice"]["lr0.0001_ep2"]
     assert summary["order_by_hypervolume"] == "post_ep1 > finetune.donor"
 
+def test_the_donor_sweep_on_the_second_fact_seed_repeats_the_first():
+    """knowledge_donor_sweep seed 1 (README "Choosing the donor"): post-training's epoch-1 snapshot grafts better than
+    the base at lambda 1 (0.44 / 0.44 against 0.31 / 0.34, KL 0.055 against 0.126) with the larger hypervolume; the
+    points it shares with knowledge seed 1 are identical (the overlay adds the candidate and nothing else)."""
+    import json
+
+    from research.real_model import scenario_overlay
+    from tests.conftest import REPO
+
+    over, full = scenario_overlay("knowledge_donor_sweep"), scenario_overlay("knowledge")
+    assert {k: v for k, v in over.items() if k != "donors"} == {k: v for k, v in full.items() if k != "donors"}
+    run = REPO / "research/real/knowledge_donor_sweep-seed1"
+    choice = pd.read_parquet(run / "donors_choice.parquet").set_index("donor")
+    assert (round(choice.loc["post_ep1", "hypervolume"], 3), round(choice.loc["finetune.donor", "hypervolume"], 3)) \
+        == (0.194, 0.117)
+    points = pd.read_parquet(run / "points.parquet").set_index("name")
+    ep1, base = points.loc["graft_donor-post_ep1_lam1.0_lr0.0001_ep2"], points.loc["graft_lam1.0_lr0.0001_ep2"]
+    assert (round(ep1.new_task, 2), round(ep1.old_task, 2), round(ep1.retention_kl, 3)) == (0.44, 0.44, 0.055)
+    assert (round(base.new_task, 2), round(base.old_task, 2), round(base.retention_kl, 3)) == (0.31, 0.34, 0.126)
+    summary = json.loads((run / "donors_summary.json").read_text())["donor_choice"]["lr0.0001_ep2"]
+    assert summary["order_by_hypervolume"] == "post_ep1 > finetune.donor"
+    seed = pd.read_parquet(REPO / "research/real/knowledge-seed1/points.parquet").set_index("name")
+    shared = [n for n in seed.index if not n.startswith("proposed")]
+    assert len(shared) == 28
+    cols = ["new_task", "old_task", "retention_kl"]
+    pd.testing.assert_frame_equal(points.loc[shared, cols], seed.loc[shared, cols])
+
+
 # ---------------------------------------------------------------- a GGUF in pieces, for a pretrained-only base
 
 # ChatML with no default system turn: a template a user gives a base model whose tokenizer has none
