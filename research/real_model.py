@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -219,6 +221,33 @@ def put_back(runs: list[str]) -> int:
     return n
 
 
+def repro(cmd: list[str], log) -> int:
+    """Run ``cmd`` (``dvc repro``) writing to ``log`` and return its exit status. It gets a process group of its own, so
+    that SIGTERM or Ctrl-C to this script reaches dvc and the stage it runs as one Ctrl-C (dvc then stops the stage and
+    releases its locks); this script then ends with SystemExit(128 + signal) once they have. Python's default SIGTERM
+    would end it at once, without main's ``finally``, leaving the scenario's params.yaml and dvc.lock in the workspace."""
+    proc: subprocess.Popen | None = None
+    received: list[int] = []
+
+    def stop(signum, _frame):
+        received.append(signum)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        if received:   # a signal that came while it started (stop saw no process yet)
+            os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        raise SystemExit(128 + received[0])
+    return code
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("scenario", nargs="?", help="research/real/<scenario>.yaml")
@@ -255,15 +284,14 @@ def main() -> None:
         log = Path(".graft/real_model.log")   # the run's progress, to follow with tail -f (not an output)
         log.parent.mkdir(exist_ok=True)
         with log.open("w") as f:
-            proc = subprocess.run(["dvc", "repro"], stdout=f, stderr=subprocess.STDOUT, text=True)
+            returncode = repro(["dvc", "repro"], f)
         wall = time.time() - t0
         shutil.rmtree(run, ignore_errors=True)
         run.mkdir(parents=True)
         (run / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        if proc.returncode != 0:
+        if returncode != 0:
             (run / "failed.txt").write_text(log.read_text()[-6000:])
-            print(f"{run}: dvc repro failed after {wall:.0f} s (failed.txt)")
-            return
+            raise SystemExit(f"{run}: dvc repro failed after {wall:.0f} s (failed.txt)")
         copy_reports(run, params)
         shutil.copytree(SAMPLES, run / "samples")
         shutil.copytree(POINTS, run / "points")   # the records --reuse puts back (key, metrics, samples hash)

@@ -3,6 +3,10 @@ snapshot per epoch; clear errors for a wrong wheel or a bad family section, writ
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -13,6 +17,7 @@ from graft.params import ParamsError
 from graft.schema import load_all
 from tests.test_bad_inputs import box, edit_params, fails, run_main  # noqa: F401  (box is a fixture)
 
+ROOT = Path(__file__).resolve().parents[1]
 TRACES = pd.DataFrame({"question": [f"{a}+{b}=?" for a, b in [(1, 2), (3, 4), (5, 1), (2, 2), (6, 3)]],
                        "think": ["1+2=3", "3+4=7", "5+1=6", "2+2=4", "6+3=9"],
                        "answer": ["3", "7", "6", "4", "9"]})
@@ -315,6 +320,43 @@ def test_a_run_folder_keeps_its_reports_and_only_its_own_runs_fig8_share(tmp_pat
     assert sorted(p.name for p in run.iterdir()) == ["fisher_share_lr0.0001_ep2.parquet", "kl_summary.json",
                                                      "points.parquet"]
     assert (run / "fisher_share_lr0.0001_ep2.parquet").read_text() == "reports/fisher_share/lr0.0001_ep2.parquet"
+
+
+FAKE_DVC = """#!{python}
+import os, signal, sys, time
+if sys.argv[1] == "repro":
+    print("repro started", flush=True)
+    if {signal_parent}:
+        os.kill(os.getppid(), signal.SIGTERM)   # as a user's `kill` would, while a stage runs
+        time.sleep(300)   # stopped by the Ctrl-C real_model forwards, or the test hangs: never by time
+    sys.exit({code})
+"""
+
+
+@pytest.mark.parametrize("signal_parent, code, status", [(True, 0, 128 + 15), (False, 2, 1)])
+def test_real_model_restores_the_workspace_when_dvc_fails_or_it_is_killed(tmp_path, signal_parent, code, status):
+    """SIGTERM while dvc runs (a fake dvc sends it, then waits to be stopped) ends the script with 143 after dvc has
+    stopped, and a failing dvc with 1 and failed.txt: either way params.yaml and dvc.lock are the committed ones again
+    (Python's default SIGTERM skipped that restore and left the scenario's files in the workspace)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    dvc = bin_dir / "dvc"
+    dvc.write_text(FAKE_DVC.format(python=sys.executable, signal_parent=signal_parent, code=code))
+    dvc.chmod(0o755)
+    committed, lock = (ROOT / "params.yaml").read_text(), "schema: '2.0'\nstages: {}\n"
+    (tmp_path / "params.yaml").write_text(committed)
+    (tmp_path / "dvc.lock").write_text(lock)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, str(ROOT / "research" / "real_model.py"), "knowledge", "--seed", "5"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == status, proc.stderr
+    assert (tmp_path / "params.yaml").read_text() == committed
+    assert (tmp_path / "dvc.lock").read_text() == lock
+    assert (tmp_path / ".graft" / "real_model.log").read_text().startswith("repro started")
+    run = tmp_path / "research" / "real" / "knowledge-seed5"
+    assert (run / "failed.txt").exists() == (not signal_parent)
+    if not signal_parent:
+        assert "dvc repro failed" in proc.stderr
 
 
 def test_the_hard_skills_second_seed_folder_holds_the_readmes_numbers_and_checks():
