@@ -7,7 +7,9 @@ knowledge.seed = --seed: another invented fact world, the same model family; in 
 knowledge, mine.seed = --seed too: other held-out problems and other mining samples), runs `dvc repro` (the family
 stages import the model from its pip wheel and post-train it; DVC caches every model), copies the points, Pareto plot,
 diagnostics and KL report to research/real/<scenario>-seed<S>/ with the wall time, then restores the committed
-params.yaml and dvc.lock (`dvc checkout` brings the default's outputs back from the cache).
+params.yaml and dvc.lock (`dvc checkout` brings the default's outputs back from the cache). Ctrl-C or `kill` stops
+dvc and the stage it runs and restores them too; the stages finished so far stay in the cache, so the same command
+later resumes there. It exits 1 when dvc repro fails (the log's tail in <run>/failed.txt).
 
     python research/real_model.py hard_short_rest --seed 0 --reuse hard_short_rho-seed0
     python research/real_model.py --checks-over knowledge-seed0 knowledge_rho005-seed0
