@@ -523,6 +523,51 @@ def test_the_real_donor_sweep_folder_holds_the_readmes_numbers():
     summary = json.loads((run / "donors_summary.json").read_text())["donor_choice"]["lr0.0001_ep2"]
     assert summary["order_by_hypervolume"] == "post_ep1 > finetune.donor"
 
+def test_twice_the_facts_folder_holds_the_readmes_numbers_and_checks():
+    """knowledge_scale seed 0, 16 entities (README "Twice the facts"): SFT and Fisher merging still inject most; the
+    Fisher masks cut the lambda-1 graft's retention KL monotonically with rho while the random control leaves it; every
+    lambda-1 point that injects drops the general-knowledge suite to 0.25 or below; the rho family no longer
+    dominates the lambda family; SFT + merge beats the graft family and the graft family beats OPSD beyond noise."""
+    import json
+
+    import yaml
+
+    from research.real_table import rows
+    from tests.conftest import REPO
+
+    run = REPO / "research/real/knowledge_scale-seed0"
+    params = yaml.safe_load((run / "params.yaml").read_text())
+    assert params["knowledge"]["invent"]["entities"] == 16 and params["knowledge"]["eval_facts"] == 48
+    by = {r["point"]: r for r in rows(run)}
+    assert len(by) == 32
+
+    def at(mask: str, rho: float, lam: float = 1.0) -> dict:
+        return by[f"graft_{mask}_lam{lam}_rho{rho}_lr0.0001_ep2"]
+
+    graft, sft, post = by["graft_lam1.0_lr0.0001_ep2"], by["sft_lr0.0001_ep2"], by["post"]
+    assert (round(graft["new"], 2), round(graft["old"], 2), round(graft["kl"], 3)) == (0.38, 0.36, 0.096)
+    assert (round(sft["new"], 2), round(sft["old"], 2), round(post["facts"], 2)) == (0.58, 0.38, 0.46)
+    assert round(by["fisher_merge_lam0.5_lr0.0001_ep2"]["new"], 2) == 0.57
+    rhos = (0.001, 0.005, 0.01)
+    for mask, kls in (("kfac", [0.021, 0.009, 0.006]), ("diagonal", [0.066, 0.052, 0.045]),
+                      ("random", [0.096, 0.094, 0.092])):
+        kl = [at(mask, r)["kl"] for r in rhos]
+        assert kl == sorted(kl, reverse=True) and [round(k, 3) for k in kl] == kls, mask
+    injecting = [r for name, r in by.items() if r["new"] >= 0.2 and "lam0.5" not in name]
+    assert len(injecting) >= 12 and max(r["facts"] for r in injecting) <= 0.25
+    opsd = by["opsd_alpha0.0_lr0.0001_ep2"]
+    assert opsd["new"] == 0 and opsd["arith"] < 0.2
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["seed"] == 0 and summary["scenario"] == "knowledge_scale" and summary["wall_s"] == 5772
+    assert round(summary["margin"][0], 3) == 0.102   # 96 held-out questions: a smaller margin than 48 gave
+    assert summary["checks_beyond_noise"]["sft_merge > graft"] and not summary["checks"]["graft > sft_merge"]
+    paper = summary["paper_checks"]
+    for mask in ("kfac", "diagonal", "random"):
+        assert paper[f"rho family ({mask}, lam 1.0) > lambda family"] == {"exact": False, "beyond_noise": False}
+    assert paper["diagonal > kfac at lam 1.0, rho 0.01"] == {"exact": False, "beyond_noise": True}
+    assert paper["graft family > opsd"] == {"exact": True, "beyond_noise": True}
+
+
 def test_the_donor_sweep_on_the_second_fact_seed_repeats_the_first():
     """knowledge_donor_sweep seed 1 (README "Choosing the donor"): post-training's epoch-1 snapshot grafts better than
     the base at lambda 1 (0.44 / 0.44 against 0.31 / 0.34, KL 0.055 against 0.126) with the larger hypervolume; the
