@@ -291,11 +291,11 @@ def test_the_real_run_table_is_read_from_the_runs_folder():
     """research/real_table.py reads hard_short seed 0's committed folder back into the README's numbers (KFAC rho
     0.01 at lambda 1: 0.73 / 0.59, arithmetic 0.53, KL 0.005, 8 items broken; SFT answers 88% of the arithmetic
     with the new procedure, post none)."""
-    from research.real_table import markdown, rows
+    from research.real_table import markdown
     from tests.conftest import REPO
 
     run = REPO / "research/real/hard_short-seed0"
-    by = {r["point"]: r for r in rows(run)}
+    by = run_points(run)
     kfac = by["graft_kfac_lam1.0_rho0.01_lr0.0001_ep4"]
     assert (round(kfac["new"], 2), round(kfac["old"], 2), round(kfac["arith"], 2)) == (0.73, 0.59, 0.53)
     assert round(kfac["kl"], 3) == 0.005 and kfac["broken"] == 8
@@ -320,6 +320,18 @@ def test_a_run_folder_keeps_its_reports_and_only_its_own_runs_fig8_share(tmp_pat
     assert sorted(p.name for p in run.iterdir()) == ["fisher_share_lr0.0001_ep2.parquet", "kl_summary.json",
                                                      "points.parquet"]
     assert (run / "fisher_share_lr0.0001_ep2.parquet").read_text() == "reports/fisher_share/lr0.0001_ep2.parquet"
+
+
+def run_points(run: Path) -> dict[str, dict]:
+    """A committed run folder's points as research/real_table.rows reads them (the README's tables), by point name."""
+    from research.real_table import rows
+
+    return {r["point"]: r for r in rows(run)}
+
+
+def masked(by: dict[str, dict], mask: str, rho: float, lam: float = 1.0, epoch: int = 2) -> dict:
+    """The graft + ``mask`` point at (lambda, rho) of the scenarios' one learning rate."""
+    return by[f"graft_{mask}_lam{lam}_rho{rho}_lr0.0001_ep{epoch}"]
 
 
 FAKE_DVC = """#!{python}
@@ -365,11 +377,10 @@ def test_the_hard_skills_second_seed_folder_holds_the_readmes_numbers_and_checks
     new procedure; the checks the README reports (the KFAC rho family beyond noise, "graft > SFT + merge" not)."""
     import json
 
-    from research.real_table import rows
     from tests.conftest import REPO
 
     run = REPO / "research/real/hard_short-seed1"
-    by = {r["point"]: r for r in rows(run)}
+    by = run_points(run)
     kfac, sft = by["graft_kfac_lam1.0_rho0.01_lr0.0001_ep4"], by["sft_lr0.0001_ep4"]
     assert (round(kfac["new"], 2), round(kfac["old"], 2), round(kfac["arith"], 2)) == (0.72, 0.59, 0.55)
     assert round(kfac["kl"], 3) == 0.005 and kfac["broken"] == 6 and kfac["procedure"] == 0
@@ -390,20 +401,16 @@ def test_the_hard_skills_rho_grid_folder_holds_the_readmes_numbers_and_shares_th
 
     import pandas as pd
 
-    from research.real_table import rows
     from tests.conftest import REPO
 
     run = REPO / "research/real/hard_short_grid-seed1"
-    by = {r["point"]: r for r in rows(run)}
-
-    def kfac(lam: float, rho: float) -> dict:
-        return by[f"graft_kfac_lam{lam}_rho{rho}_lr0.0001_ep4"]
+    by = run_points(run)
 
     rhos = (0.001, 0.005, 0.01, 0.05)
-    kls = [kfac(1.0, r)["kl"] for r in rhos]
+    kls = [masked(by, "kfac", r, 1.0, epoch=4)["kl"] for r in rhos]
     assert kls == sorted(kls, reverse=True) and round(kls[0], 3) == 0.070 and round(kls[-1], 4) == 0.0005
-    assert [round(kfac(1.0, r)["new"], 2) for r in rhos] == [0.73, 0.73, 0.72, 0.55]
-    assert [round(kfac(0.5, r)["new"], 2) for r in rhos] == [0.56, 0.33, 0.23, 0.03]
+    assert [round(masked(by, "kfac", r, 1.0, epoch=4)["new"], 2) for r in rhos] == [0.73, 0.73, 0.72, 0.55]
+    assert [round(masked(by, "kfac", r, 0.5, epoch=4)["new"], 2) for r in rhos] == [0.56, 0.33, 0.23, 0.03]
     assert round(by["graft_diagonal_lam1.0_rho0.05_lr0.0001_ep4"]["kl"], 3) == 0.058
     summary = json.loads((run / "summary.json").read_text())
     assert summary["seed"] == 1 and summary["scenario"] == "hard_short_grid" and len(by) == 38
@@ -423,11 +430,10 @@ def test_opsd_at_alpha_0_on_the_hard_skills_second_seed_breaks_the_model_as_the_
     family dominates OPSD at both alphas beyond noise."""
     import json
 
-    from research.real_table import rows
     from tests.conftest import REPO
 
     run = REPO / "research/real/hard_short_rest-seed1"
-    opsd = {r["point"]: r for r in rows(run)}["opsd_alpha0.0_lr0.0001_ep4"]
+    opsd = run_points(run)["opsd_alpha0.0_lr0.0001_ep4"]
     assert (round(opsd["new"], 2), round(opsd["old"], 2), round(opsd["kl"], 3)) == (0.03, 0.15, 0.086)
     assert opsd["broken"] == 35
     summary = json.loads((run / "summary.json").read_text())
@@ -443,25 +449,21 @@ def test_the_second_fact_seeds_folder_holds_the_readmes_numbers_and_checks():
     family beyond noise, the graft family beats OPSD beyond noise."""
     import json
 
-    from research.real_table import rows
     from tests.conftest import REPO
 
     run = REPO / "research/real/knowledge-seed1"
-    by = {r["point"]: r for r in rows(run)}
+    by = run_points(run)
     assert len(by) == 33
-
-    def at(mask: str, rho: float, lam: float = 1.0) -> dict:
-        return by[f"graft_{mask}_lam{lam}_rho{rho}_lr0.0001_ep2"]
 
     graft, sft, post = by["graft_lam1.0_lr0.0001_ep2"], by["sft_lr0.0001_ep2"], by["post"]
     assert (round(graft["new"], 2), round(graft["old"], 2), round(graft["kl"], 3)) == (0.31, 0.34, 0.126)
     assert (round(sft["new"], 2), round(sft["old"], 2), round(post["old"], 2)) == (0.50, 0.34, 0.48)
     rhos = (0.001, 0.01, 0.05)
-    kfac = [at("kfac", r)["kl"] for r in rhos]
+    kfac = [masked(by, "kfac", r)["kl"] for r in rhos]
     assert kfac == sorted(kfac, reverse=True) and [round(k, 3) for k in kfac] == [0.041, 0.006, 0.001]
-    assert [round(at("kfac", r)["new"], 2) for r in rhos] == [0.40, 0.33, 0.12]
-    assert [round(at("random", r)["kl"], 3) for r in rhos] == [0.126, 0.124, 0.118]
-    ppl = [at("kfac", r)["ppl"] for r in rhos]
+    assert [round(masked(by, "kfac", r)["new"], 2) for r in rhos] == [0.40, 0.33, 0.12]
+    assert [round(masked(by, "random", r)["kl"], 3) for r in rhos] == [0.126, 0.124, 0.118]
+    ppl = [masked(by, "kfac", r)["ppl"] for r in rhos]
     assert ppl == sorted(ppl, reverse=True) and graft["ppl"] > max(ppl) > sft["ppl"] > post["ppl"]
     for alpha, old in (("0.0", 0.12), ("0.5", 0.22)):
         opsd = by[f"opsd_alpha{alpha}_lr0.0001_ep2"]
@@ -483,11 +485,10 @@ def test_rho_0005_on_the_second_fact_seed_makes_the_kfac_rho_family_dominate_bey
     family at lambda 1 dominates the lambda family exactly and beyond noise, the diagonal and random ones do not; the
     points the two runs share are identical."""
     from research.real_model import paper_checks, pooled_points
-    from research.real_table import rows
     from tests.conftest import REPO
 
     run = REPO / "research/real/knowledge_rho005-seed1"
-    by = {r["point"]: r for r in rows(run)}
+    by = run_points(run)
     kfac = by["graft_kfac_lam1.0_rho0.005_lr0.0001_ep2"]
     assert (round(kfac["new"], 2), round(kfac["old"], 2), round(kfac["kl"], 3), kfac["arith"]) == (0.42, 0.49, 0.016,
                                                                                                  0.65625)
@@ -532,17 +533,13 @@ def test_twice_the_facts_folder_holds_the_readmes_numbers_and_checks():
 
     import yaml
 
-    from research.real_table import rows
     from tests.conftest import REPO
 
     run = REPO / "research/real/knowledge_scale-seed0"
     params = yaml.safe_load((run / "params.yaml").read_text())
     assert params["knowledge"]["invent"]["entities"] == 16 and params["knowledge"]["eval_facts"] == 48
-    by = {r["point"]: r for r in rows(run)}
+    by = run_points(run)
     assert len(by) == 32
-
-    def at(mask: str, rho: float, lam: float = 1.0) -> dict:
-        return by[f"graft_{mask}_lam{lam}_rho{rho}_lr0.0001_ep2"]
 
     graft, sft, post = by["graft_lam1.0_lr0.0001_ep2"], by["sft_lr0.0001_ep2"], by["post"]
     assert (round(graft["new"], 2), round(graft["old"], 2), round(graft["kl"], 3)) == (0.38, 0.36, 0.096)
@@ -551,7 +548,7 @@ def test_twice_the_facts_folder_holds_the_readmes_numbers_and_checks():
     rhos = (0.001, 0.005, 0.01)
     for mask, kls in (("kfac", [0.021, 0.009, 0.006]), ("diagonal", [0.066, 0.052, 0.045]),
                       ("random", [0.096, 0.094, 0.092])):
-        kl = [at(mask, r)["kl"] for r in rhos]
+        kl = [masked(by, mask, r)["kl"] for r in rhos]
         assert kl == sorted(kl, reverse=True) and [round(k, 3) for k in kl] == kls, mask
     injecting = [r for name, r in by.items() if r["new"] >= 0.2 and "lam0.5" not in name]
     assert len(injecting) >= 12 and max(r["facts"] for r in injecting) <= 0.25
