@@ -67,7 +67,7 @@ def fisher_rows(size: Size, check: bool) -> tuple[list[Row], dict]:
             out = {}
             for name in layers:
                 Q, P = factors[name]
-                out[f"{name}.weight"] = (P, *eigh_factor(P), Q, *eigh_factor(Q))
+                out[f"{name}.weight"] = (*eigh_factor(P), *eigh_factor(Q))   # KFAC_PARTS order
             return out
 
         eig_s, eigen = timed(decompose)

@@ -2,7 +2,7 @@
 tensor at a time (the mask benchmark's reference: a process that reads what the mask stage reads and does nothing
 else), and ``touch``, the read itself, which the I/O floors share.
 
-    python -m benchmarks.read_tensors [--skip-factors] PATH...
+    python -m benchmarks.read_tensors PATH...
 """
 from __future__ import annotations
 
@@ -26,14 +26,11 @@ def main() -> None:
     import graft  # noqa: F401  the same start-up as a stage (OpenMP policy, then torch)
     from graft.tensors import TensorReader
 
-    args = sys.argv[1:]
-    skip = "--skip-factors" in args   # the mask reads the KFAC eigenbases, never the factors P and Q themselves
     total = 0
-    for path in [a for a in args if a != "--skip-factors"]:
+    for path in sys.argv[1:]:
         with TensorReader(path) as r:
             for name in r.names():
-                if not (skip and name.endswith((".P", ".Q"))):
-                    total += touch(r.get(name))
+                total += touch(r.get(name))
     print(total)
 
 

@@ -43,14 +43,13 @@ def settled(fn):
     return timed(fn)
 
 
-def _read_all(*paths: Path, only=lambda name: True) -> int:
-    """Every selected tensor's bytes read once (``touch``: taking a lazily mapped tensor alone reads nothing)."""
+def _read_all(*paths: Path) -> int:
+    """Every tensor's bytes read once (``touch``: taking a lazily mapped tensor alone reads nothing)."""
     total = 0
     for path in paths:
         with TensorReader(path) as r:
             for name in r.names():
-                if only(name):
-                    total += touch(r.get(name))
+                total += touch(r.get(name))
     return total
 
 
@@ -80,10 +79,9 @@ def mask_rows(size: Size, delta: Path, fisher: Path, kfac: Path) -> list[Row]:
         for kind in ("diagonal", "kfac"):
             eigen_parts = ("P_eigvecs", "P_eigvals", "Q_eigvecs", "Q_eigvals") if kind == "kfac" else ()
             files = [delta, fisher] + ([kfac] if kind == "kfac" else [])
-            only = lambda n: not n.endswith((".P", ".Q"))   # the mask never reads the factors themselves
-            _read_all(*files, only=only)                   # warm the page cache for both
-            warm_s, entries = timed(lambda: _read_all(*files, only=only))
-            reader = [sys.executable, "-m", "benchmarks.read_tensors", "--skip-factors", *map(str, files)]
+            _read_all(*files)                   # warm the page cache for both
+            warm_s, entries = timed(lambda: _read_all(*files))
+            reader = [sys.executable, "-m", "benchmarks.read_tensors", *map(str, files)]
             cmd = [sys.executable, "-m", "stages.mask", "--kind", kind, "--rho", str(RHO), "--lr", str(LR),
                    "--epoch", str(EPOCH)]
             reads, stages = [], []

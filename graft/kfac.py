@@ -18,7 +18,9 @@ from tqdm import tqdm
 from graft.fisher import Reduce, reduced_count, rollout_batch
 from graft.tensors import write_safetensors_streamed
 
-KFAC_PARTS = ("P", "P_eigvals", "P_eigvecs", "Q", "Q_eigvals", "Q_eigvecs")   # per layer, in file (name) order
+# per layer, in file (name) order. Only the eigendecompositions are stored: every reader (mask, KL prediction, donor
+# choice) works in the eigenbasis, and the factors themselves would double the file (U diag(sigma) U^T rebuilds P)
+KFAC_PARTS = ("P_eigvals", "P_eigvecs", "Q_eigvals", "Q_eigvecs")
 
 
 def kfac_linear_names(model: torch.nn.Module) -> list[str]:
@@ -145,7 +147,7 @@ def kfac_project(dW: torch.Tensor, U: torch.Tensor, V: torch.Tensor, drop: torch
 
 def write_kfac(model: torch.nn.Module, layers: Sequence[str], rollouts: Sequence[tuple[Sequence[int], Sequence[int]]],
                pad_id: int, chunk: int, reduce: Reduce | None, per_pass: int, path: str | Path | None) -> None:
-    """Every layer's KFAC factors P, Q and their eigendecompositions (``eigh_factor``), ``per_pass`` layers per pass
+    """Every layer's KFAC factors P, Q as their eigendecompositions (``eigh_factor``), ``per_pass`` layers per pass
     over the rollouts (0: all in one pass), streamed into one safetensors file at ``path`` in name order: the same
     bytes as writing them all at once, with only one group's factors in memory. Under several processes every
     process runs the passes (each all-reduces); only the one given a ``path`` writes."""
@@ -154,8 +156,7 @@ def write_kfac(model: torch.nn.Module, layers: Sequence[str], rollouts: Sequence
     shapes = {}
     for layer in layers:
         n_out, n_in = mods[layer].out_features, mods[layer].in_features
-        shapes.update({f"{layer}.weight.P": [n_out, n_out], f"{layer}.weight.P_eigvals": [n_out],
-                       f"{layer}.weight.P_eigvecs": [n_out, n_out], f"{layer}.weight.Q": [n_in, n_in],
+        shapes.update({f"{layer}.weight.P_eigvals": [n_out], f"{layer}.weight.P_eigvecs": [n_out, n_out],
                        f"{layer}.weight.Q_eigvals": [n_in], f"{layer}.weight.Q_eigvecs": [n_in, n_in]})
     order = sorted(shapes)
     layer_of = {f"{layer}.weight.{part}": layer for layer in layers for part in KFAC_PARTS}
@@ -175,7 +176,6 @@ def write_kfac(model: torch.nn.Module, layers: Sequence[str], rollouts: Sequence
                 w = f"{layer}.weight"
                 current["tensors"][f"{w}.P_eigvals"], current["tensors"][f"{w}.P_eigvecs"] = eigh_factor(P)
                 current["tensors"][f"{w}.Q_eigvals"], current["tensors"][f"{w}.Q_eigvecs"] = eigh_factor(Q)
-                current["tensors"][f"{w}.P"], current["tensors"][f"{w}.Q"] = P, Q
             current["group"] = g
         return current["tensors"].pop(name)
 

@@ -78,14 +78,14 @@ def _psd(n: int, g) -> torch.Tensor:
 
 
 def _fisher_files(tmp_path, g):
-    """A diagonal Fisher and KFAC factors (with their eigendecompositions, as the fisher stage writes them) for one
+    """A diagonal Fisher and KFAC factors (their eigendecompositions, as the fisher stage writes them) for one
     block linear layer (6 x 4) and one norm vector."""
     fisher = {LIN: torch.rand(6, 4, generator=g), NORM: torch.rand(4, generator=g)}
     P, Q = _psd(6, g), _psd(4, g)
     sig, U = torch.linalg.eigh(P)
     d, V = torch.linalg.eigh(Q)
-    kfac = {f"{LIN}.P": P.float(), f"{LIN}.Q": Q.float(), f"{LIN}.P_eigvals": sig.float(),
-            f"{LIN}.P_eigvecs": U.float(), f"{LIN}.Q_eigvals": d.float(), f"{LIN}.Q_eigvecs": V.float()}
+    kfac = {f"{LIN}.P_eigvals": sig.float(), f"{LIN}.P_eigvecs": U.float(), f"{LIN}.Q_eigvals": d.float(),
+            f"{LIN}.Q_eigvecs": V.float()}
     save_tensors(tmp_path / "f.safetensors", fisher)
     save_tensors(tmp_path / "k.safetensors", kfac)
     return fisher, P, Q, U.float(), V.float()
