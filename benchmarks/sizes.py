@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from graft.atomic import atomic_dir
-from graft.kfac import KFAC_PARTS
+from graft.kfac import KFAC_PARTS, kfac_part_shapes
 from graft.merging import write_delta
 from graft.tensors import TensorReader, dtype_of, write_like, write_safetensors_streamed
 
@@ -116,8 +116,9 @@ def diagonal_fisher(size: Size, delta: Path) -> Path:
 
 def kfac_file(size: Size, delta: Path, eigen: dict[str, tuple] | None) -> Path:
     """A KFAC file as the fisher stage writes it. ``eigen``: {layer weight name: (P_vals, P_vecs, Q_vals, Q_vecs)}
-    from the benchmark's own estimate; without it (1b, where the eigendecompositions alone take hours on this CPU) the eigenvectors are identities and the eigenvalues random: the mask's matrix products, reads and
-    writes cost the same for any values."""
+    from the benchmark's own estimate; without it (1b, where the eigendecompositions alone take hours on this CPU)
+    the eigenvectors are identities and the eigenvalues random: the mask's matrix products, reads and writes cost the
+    same for any values."""
     path = work_dir(size) / ("kfac.safetensors" if eigen is not None else "kfac-identity.safetensors")
     if path.exists() and eigen is None:
         return path
@@ -127,8 +128,7 @@ def kfac_file(size: Size, delta: Path, eigen: dict[str, tuple] | None) -> Path:
         shapes = {}
         for w in layers:
             n_out, n_in = d.shape(w)
-            shapes.update({f"{w}.P_eigvals": [n_out], f"{w}.P_eigvecs": [n_out, n_out], f"{w}.Q_eigvals": [n_in],
-                           f"{w}.Q_eigvecs": [n_in, n_in]})
+            shapes.update(kfac_part_shapes(w, n_out, n_in))
 
     def produce(name: str) -> torch.Tensor:
         w, part = name.rsplit(".", 1)

@@ -77,7 +77,6 @@ def mask_rows(size: Size, delta: Path, fisher: Path, kfac: Path) -> list[Row]:
     try:
         env = dict(os.environ, PYTHONPATH=str(REPO))
         for kind in ("diagonal", "kfac"):
-            eigen_parts = ("P_eigvecs", "P_eigvals", "Q_eigvecs", "Q_eigvals") if kind == "kfac" else ()
             files = [delta, fisher] + ([kfac] if kind == "kfac" else [])
             _read_all(*files)                   # warm the page cache for both
             warm_s, entries = timed(lambda: _read_all(*files))
@@ -95,7 +94,7 @@ def mask_rows(size: Size, delta: Path, fisher: Path, kfac: Path) -> list[Row]:
             read_s, stage_s = median(reads), median(stages)
             with TensorReader(delta) as dr:
                 n = sum(torch.Size(dr.shape(k)).numel() for k in dr.names())
-            read = "delta + diagonal Fisher" + (" + KFAC eigenbases" if eigen_parts else "")
+            read = "delta + diagonal Fisher" + (" + KFAC eigenbases" if kind == "kfac" else "")
             rows.append(Row(f"exact global top-rho mask ({kind}), whole stage", size.name,
                             f"one streaming read of the {read}, in a fresh process", stage_s, read_s, "<= 3x",
                             note=f"rho {RHO} of {n / 1e6:.0f}M entries; both start a Python process and torch; "

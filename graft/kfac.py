@@ -23,6 +23,15 @@ from graft.tensors import write_safetensors_streamed
 KFAC_PARTS = ("P_eigvals", "P_eigvecs", "Q_eigvals", "Q_eigvecs")
 
 
+def kfac_part_shapes(weight: str, n_out: int, n_in: int) -> dict[str, list[int]]:
+    """{file name: shape} of one linear weight's KFAC parts (P is n_out x n_out, Q is n_in x n_in)."""
+    shapes = {}
+    for part in KFAC_PARTS:
+        n = n_out if part.startswith("P") else n_in
+        shapes[f"{weight}.{part}"] = [n] if part.endswith("eigvals") else [n, n]
+    return shapes
+
+
 def kfac_linear_names(model: torch.nn.Module) -> list[str]:
     """Linear layers inside the transformer blocks (embeddings, lm_head, norms use the diagonal Fisher)."""
     out = []
@@ -156,8 +165,7 @@ def write_kfac(model: torch.nn.Module, layers: Sequence[str], rollouts: Sequence
     shapes = {}
     for layer in layers:
         n_out, n_in = mods[layer].out_features, mods[layer].in_features
-        shapes.update({f"{layer}.weight.P_eigvals": [n_out], f"{layer}.weight.P_eigvecs": [n_out, n_out],
-                       f"{layer}.weight.Q_eigvals": [n_in], f"{layer}.weight.Q_eigvecs": [n_in, n_in]})
+        shapes.update(kfac_part_shapes(f"{layer}.weight", n_out, n_in))
     order = sorted(shapes)
     layer_of = {f"{layer}.weight.{part}": layer for layer in layers for part in KFAC_PARTS}
     # passes follow the file order, so each group is estimated once and dropped before the next
