@@ -1,11 +1,13 @@
-"""Caching is exact only if every stage declares the code it runs: each stage's deps in dvc.yaml must list every
-graft/ and stages/ module its entry point imports, directly or through other graft modules."""
+"""Caching is exact only if every stage declares the code it runs, and no more: each stage's deps in dvc.yaml list
+exactly the graft/ and stages/ modules its entry point imports, directly or through other graft modules
+(scripts/code_deps.py writes and checks them)."""
 from __future__ import annotations
 
-import ast
+import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,48 +17,72 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def local_imports(path: Path) -> set[str]:
-    """graft/stages modules a file imports anywhere (module level or inside functions), as repo-relative paths."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        for name in names:
-            if name.split(".")[0] in ("graft", "stages"):
-                candidate = Path(*name.split(".")).with_suffix(".py")
-                if (REPO / candidate).exists():
-                    found.add(candidate.as_posix())
-    return found
+def load_code_deps():
+    """scripts/code_deps.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("code_deps", REPO / "scripts/code_deps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def closure(entry: str) -> set[str]:
-    todo, seen = [entry], set()
-    while todo:
-        mod = todo.pop()
-        if mod in seen:
-            continue
-        seen.add(mod)
-        # importing a module runs its package's __init__ first, and whatever that imports (graft/__init__.py
-        # imports graft.openmp)
-        inits = {f"{Path(mod).parts[0]}/__init__.py"} if Path(mod).parts[0] in ("graft", "stages") else set()
-        todo += sorted((local_imports(REPO / mod) | inits) - seen)
-    return seen
+code_deps = load_code_deps()
+closure = code_deps.closure
 
 
-def test_every_stage_declares_every_module_it_imports():
+def test_every_stage_declares_exactly_the_modules_it_imports():
+    r = subprocess.run([sys.executable, str(REPO / "scripts/code_deps.py"), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_declared_code_deps_are_each_entry_points_closure():
+    """The check's own reading of dvc.yaml, through yaml: every stage's graft/stages deps are its closure."""
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    missing = {}
+    wrong = {}
     for name, stage in stages.items():
         body = stage.get("do", stage)
-        module = re.search(r"python -m (stages\.\w+)", body["cmd"]).group(1)
-        needed = closure(module.replace(".", "/") + ".py")
-        lacking = sorted(needed - set(body.get("deps", [])))
-        if lacking:
-            missing[name] = lacking
-    assert not missing, f"stages whose dvc.yaml deps miss imported modules: {missing}"
+        declared = {d for d in body.get("deps", []) if re.fullmatch(r"(graft|stages)/[\w/]+\.py", d)}
+        needed = closure(code_deps.entry_module(body["cmd"]))
+        if declared != needed:
+            wrong[name] = {"missing": sorted(needed - declared), "extra": sorted(declared - needed)}
+    assert not wrong, wrong
+
+
+def check_copy(tmp_path, text: str):
+    (tmp_path / "dvc.yaml").write_text(text)
+    for package in ("graft", "stages"):
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return subprocess.run([sys.executable, str(REPO / "scripts/code_deps.py"), "--check", "--dvc-yaml",
+                           str(tmp_path / "dvc.yaml")], capture_output=True, text=True)
+
+
+def test_check_names_a_missing_and_an_extra_module_and_write_mends_both(tmp_path):
+    text = (REPO / "dvc.yaml").read_text()
+    mask = text.index("  mask:\n")
+    head, tail = text[:mask], text[mask:]
+    assert "      - graft/kfac.py\n" in tail and "      - graft/opsd.py\n" not in tail.split("\n\n")[0]
+    broken = head + tail.replace("      - graft/kfac.py\n", "      - graft/opsd.py\n", 1)
+    r = check_copy(tmp_path, broken)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "mask: missing ['graft/kfac.py'], extra ['graft/opsd.py']" in r.stderr, r.stderr
+    w = subprocess.run([sys.executable, str(REPO / "scripts/code_deps.py"), "--write", "--dvc-yaml",
+                        str(tmp_path / "dvc.yaml")], capture_output=True, text=True)
+    assert w.returncode == 0, w.stdout + w.stderr
+    assert (tmp_path / "dvc.yaml").read_text() == text   # data deps, params and comments as they were
+
+
+def test_write_keeps_data_deps_before_the_marker_and_follows_a_new_import(tmp_path):
+    text = (REPO / "dvc.yaml").read_text()
+    r = check_copy(tmp_path, text)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # a new lazy import in the mask stage reaches the closure through graft.opsd's own imports
+    mask = tmp_path / "stages/mask.py"
+    mask.write_text(mask.read_text() + "\n\ndef _later():\n    import graft.opsd  # noqa: F401\n")
+    new, changes = code_deps.rewrite(text, tmp_path)
+    assert {"graft/opsd.py", "graft/generation.py", "graft/likelihood.py"} <= set(changes["mask"]["missing"]), changes
+    assert not changes["mask"]["extra"] and set(changes) == {"mask"}, changes
+    body = yaml.safe_load(new)["stages"]["mask"]["deps"]
+    assert body[:2] == ["tensors/fisher/retention", "tensors/delta/graft_lr${item.lr}_ep${item.epoch}"], body
+    assert body[2:] == sorted(closure("stages/mask.py", tmp_path))
 
 
 def test_the_import_walk_sees_function_level_imports(tmp_path):
