@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-SWITCHES = ("template", "prefill", "none")   # how thinking is switched off (see ChatSpec)
-FORMATS = ("answer_tag", "boxed", "final_line")
+from graft.registry import FORMATS, SWITCHES
+
 ANSWER_TAG = ("<answer>", "</answer>")
 
 

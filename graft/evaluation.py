@@ -10,7 +10,8 @@ import pandas as pd
 
 from graft.chat import ChatFormat, ChatSpec, answer_format
 from graft.generation import Generator, SamplingSpec, table_labels
-from graft.grading import PERPLEXITY, Grader
+from graft.grading import Grader
+from graft.registry import PERPLEXITY
 from graft.passk import mean_pass_at_k
 from graft.tables import read_table
 

@@ -14,17 +14,9 @@ from functools import lru_cache
 from graft.chat import AnswerFormat, ChatSpec, ParsedResponse, parse_response
 
 # math: math-verify equivalence; fact: exact match after normalising; contains: the normalised gold answer appears as
-# whole words in the normalised answer (free-text answers of instruct models: "The capital of France is Paris.")
-GRADERS = ("math", "fact", "contains")
-# an old suite of plain text, scored by the likelihood the model gives it (perplexity, next-token accuracy), not by
-# grading sampled answers
-PERPLEXITY = "perplexity"
-SUITE_KINDS = (*GRADERS, PERPLEXITY)
-
-
-def suite_schema(kind: str) -> str:
-    """The table schema of an old suite graded by ``kind``."""
-    return "texts" if kind == PERPLEXITY else "problems"
+# whole words in the normalised answer (free-text answers of instruct models: "The capital of France is Paris.").
+# An old suite of plain text (PERPLEXITY) is scored by the likelihood the model gives it, not by grading answers.
+from graft.registry import GRADERS, PERPLEXITY, SUITE_KINDS, suite_schema  # noqa: F401 (names graders share)
 
 
 def normalise_fact(text: str) -> str:

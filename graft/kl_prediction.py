@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from graft.merging import MaskPlan, diagonal_score
+from graft.registry import PREDICTORS
 from graft.tensors import TensorReader, all_finite
 
 
@@ -64,8 +65,6 @@ FORMS = "reports/kl/forms.parquet"         # predict_kl: one row per delta a poi
 PROPOSED = "reports/kl/proposed.parquet"   # propose: every candidate, the chosen ones marked
 FORM_COLUMNS = ["family", "delta", "lr", "epoch", "mask", "rho", "diagonal_form", "kfac_form", "directional_form",
                 "sq_norm", "source_sq_norm", "mean_inverse_length"]
-FISHER_FORMS = ("kfac", "diagonal", "directional")
-PREDICTORS = ("measured",) + FISHER_FORMS   # propose.predictor: measured bisects lam on the measured KL itself
 
 
 def significant(x: float, digits: int = 4) -> float:

@@ -6,8 +6,8 @@ import math
 
 import pandas as pd
 
-from graft.kl_prediction import FISHER_FORMS, per_token_kl
-from graft.points import DIAGNOSTIC, PROPOSED_PREFIX
+from graft.kl_prediction import per_token_kl
+from graft.registry import DIAGNOSTIC, FISHER_FORMS, PROPOSED_PREFIX, SFT_MERGE
 
 
 def spearman(a, b) -> float:
@@ -24,7 +24,7 @@ def prediction_table(points: pd.DataFrame, forms: pd.DataFrame) -> pd.DataFrame:
     """One row per point: its measured retention KL and, where the point is post + lam * D for a delta the
     predict_kl stage saw, the predicted per-token KL under each Fisher form (SFT is post + 1 * its delta)."""
     by_delta = {r.delta: r for r in forms.itertuples()}
-    sft_delta = {(r.lr, r.epoch): r.delta for r in forms.itertuples() if r.family == "sft_merge"}
+    sft_delta = {(r.lr, r.epoch): r.delta for r in forms.itertuples() if r.family == SFT_MERGE}
     rows = []
     for r in points.itertuples():
         delta, lam = r.delta, r.lam

@@ -17,11 +17,11 @@ import torch
 
 from graft.kfac import kfac_project_rotated, kfac_rotation, kfac_scores_rotated
 from graft.scratch import Scratch
+from graft.registry import FISHER_MASKS, MASK_KINDS
 from graft.selection import ScoreStore, select_top_k, top_rho_count
 from graft.tensors import (INDEX, CheckpointError, TensorReader, all_finite, check_compatible, copy_model_files,
                            read_json, write_like)
 
-MASK_KINDS = ("none", "diagonal", "kfac", "random")
 ZERO64 = torch.zeros((), dtype=torch.float64)
 # elements per block of rows a merge computes at once (4 MB in fp32): the block's few fp32 temporaries stay in the
 # CPU's caches; 16 MB blocks went through memory at every pass (1B bf16 merge here: 1.3-2.2 s against 4.9-10.8 s,
@@ -106,7 +106,7 @@ class MaskPlan:
                  kfac: TensorReader | None = None, seed: int = 0):
         if kind not in MASK_KINDS:
             raise ValueError(f"mask kind must be one of {MASK_KINDS}, got {kind!r}")
-        if kind in ("diagonal", "kfac") and fisher is None:
+        if kind in FISHER_MASKS and fisher is None:
             raise ValueError(f"mask kind {kind} needs a diagonal Fisher")
         if kind == "kfac" and kfac is None:
             raise ValueError("mask kind kfac needs the KFAC factors")

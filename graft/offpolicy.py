@@ -6,7 +6,8 @@ import unicodedata
 import pandas as pd
 
 from graft.generation import Completion
-from graft.grading import PERPLEXITY, Grader
+from graft.grading import Grader
+from graft.registry import PERPLEXITY
 
 COLUMNS = ["problem_id", "question", "think", "answer", "source"]
 

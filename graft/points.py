@@ -22,11 +22,11 @@ from typing import Iterable, Iterator, Mapping
 import torch
 
 from graft.merging import check_merged_finite, merge_tensor, same_tensors
+from graft.registry import DIAGNOSTIC, DONOR_METHOD, GRAFT, PROPOSED_PREFIX, SFT_MERGE, masked_method
 from graft.sweep import run_tag
 from graft.tensors import CheckpointError, TensorReader, all_finite
 
 
-DIAGNOSTIC = "base_to_post"                  # the method name of interpolation points (not on any frontier)
 POST_DELTA = "tensors/delta/post_vs_base"   # post - base, written by the delta_post stage
 
 
@@ -56,13 +56,13 @@ def sweep_points(p: Mapping) -> list[Point]:
     pts = [Point("post", "post", post)]
     pts += [Point(f"sft_{r}", "sft", f"models/finetuned/sft_lr{lr}/epoch{ep}", lr=lr, epoch=ep)
             for lr, ep, r in runs]
-    pts += [Point(f"sft_merge_lam{lam}_{r}", "sft_merge", post, f"tensors/delta/sft_{r}", lam, lr=lr, epoch=ep)
+    pts += [Point(f"sft_merge_lam{lam}_{r}", SFT_MERGE, post, f"tensors/delta/sft_{r}", lam, lr=lr, epoch=ep)
             for lam in sweep.lams for lr, ep, r in runs]
     pts += [Point(f"fisher_merge_lam{lam}_{r}", "fisher_merge", f"models/merged/fisher_merge_lam{lam}_{r}", lam=lam,
                   lr=lr, epoch=ep) for lam in sweep.fisher_merge_lams for lr, ep, r in runs]
-    pts += [Point(f"graft_lam{lam}_{r}", "graft", post, f"tensors/delta/graft_{r}", lam, mask="none", lr=lr,
+    pts += [Point(f"graft_lam{lam}_{r}", GRAFT, post, f"tensors/delta/graft_{r}", lam, mask="none", lr=lr,
                   epoch=ep, donor=ft.donor) for lam in sweep.lams for lr, ep, r in runs]
-    pts += [Point(f"graft_{kind}_lam{lam}_rho{rho}_{r}", f"graft_{kind}", post,
+    pts += [Point(f"graft_{kind}_lam{lam}_rho{rho}_{r}", masked_method(kind), post,
                   f"tensors/masked/{kind}_rho{rho}_{r}", lam, rho, kind, lr, ep, donor=ft.donor)
             for kind in sweep.masks for lam in sweep.lams for rho in sweep.rhos for lr, ep, r in runs]
     pts += donor_points(p)
@@ -74,7 +74,6 @@ def sweep_points(p: Mapping) -> list[Point]:
     return pts
 
 
-DONOR_METHOD = "graft_donor"   # a graft from a candidate of the donor sweep (donors.candidates)
 
 
 def candidate_delta(name: str, lr: float, epoch: int) -> str:
@@ -99,17 +98,16 @@ def sweep_deltas(p: Mapping) -> list[dict]:
         for ep in sweep.epochs:
             r = run_tag(lr, ep)
             graft = f"tensors/delta/graft_{r}"
-            out.append({"family": "graft", "delta": graft, "source": graft, "lr": lr, "epoch": ep, "mask": "none",
+            out.append({"family": GRAFT, "delta": graft, "source": graft, "lr": lr, "epoch": ep, "mask": "none",
                         "rho": None})
-            out += [{"family": f"graft_{kind}", "delta": f"tensors/masked/{kind}_rho{rho}_{r}", "source": graft,
+            out += [{"family": masked_method(kind), "delta": f"tensors/masked/{kind}_rho{rho}_{r}", "source": graft,
                      "lr": lr, "epoch": ep, "mask": kind, "rho": rho} for kind in sweep.masks for rho in sweep.rhos]
             sft = f"tensors/delta/sft_{r}"
-            out.append({"family": "sft_merge", "delta": sft, "source": sft, "lr": lr, "epoch": ep, "mask": None,
+            out.append({"family": SFT_MERGE, "delta": sft, "source": sft, "lr": lr, "epoch": ep, "mask": None,
                         "rho": None})
     return out
 
 
-PROPOSED_PREFIX = "proposed_"   # method of a point the propose stage chose: proposed_<family>
 
 
 def proposed_points(p: Mapping, table) -> list[Point]:

@@ -7,14 +7,10 @@ from pathlib import Path
 
 from graft.params import (BOOL, DEVICES, DTYPE, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError,
                           Section, nonneg, positive, read_yaml, unit_open, validate_sections)
-from graft.chat import FORMATS, SWITCHES
-from graft.grading import GRADERS, PERPLEXITY, SUITE_KINDS, suite_schema
+from graft.registry import FORMATS, GRADERS, PERPLEXITY, PREDICTORS, SOURCES, SUITE_KINDS, SWEPT_MASKS, SWITCHES, suite_schema
 from graft.schema_world import WORLD_SCHEMA, check_world
 from graft.tables import MESSAGES, mappable_columns
 
-MASKS = ("diagonal", "kfac", "random")
-# the pipeline's own off-policy sources (data/offpolicy/<source>.parquet); a user's traces are data.offpolicy keys
-SOURCES = ("teacher", "synthself", "star", "knowledge")
 # where the facts stage writes the invented facts: the default knowledge.facts.path
 INVENTED_FACTS = "data/facts/invented.parquet"
 
@@ -207,8 +203,8 @@ SCHEMA: dict[str, dict] = {
         "fisher_merge_lams": Field(list, lambda v: len(v) > 0, "non-empty",
                                    item=Field(NUM, lambda x: 0 < x <= 1, "in (0, 1]")),
         "epochs": Field(list, lambda v: len(v) > 0, "non-empty", item=POS_INT),  # snapshots that become points
-        "masks": Field(list, lambda v: len(v) > 0 and all(m in MASKS for m in v),
-                       f"a non-empty list of {', '.join(MASKS)}", item=Field(STR)),
+        "masks": Field(list, lambda v: len(v) > 0 and all(m in SWEPT_MASKS for m in v),
+                       f"a non-empty list of {', '.join(SWEPT_MASKS)}", item=Field(STR)),
     },
     # base + t * (post - base) at each t: accuracy along the post-training path (is the world smooth there?)
     "diagnostics": {"interpolation": Field(list, lambda v: len(set(v)) == len(v), "without repeats",
@@ -220,8 +216,7 @@ SCHEMA: dict[str, dict] = {
         "kl_budget": POS_NUM,                   # mean per-token KL (nats) from the post model a proposed point spends
         # measured (lam bisected on the KL on the Fisher's rollouts: forward passes, no engine) | kfac | diagonal |
         # directional (a Fisher form of predict_kl: closed form)
-        "predictor": Field(STR, lambda s: s in ("measured", "kfac", "diagonal", "directional"),
-                           "one of measured, kfac, diagonal, directional"),
+        "predictor": Field(STR, lambda s: s in PREDICTORS, f"one of {', '.join(PREDICTORS)}"),
         "max_lam": POS_NUM,                     # the proposal never extrapolates past this lambda
     },
     "evaluate": {

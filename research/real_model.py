@@ -41,6 +41,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from graft.pareto import frontier_dominates  # noqa: E402
+from graft.registry import SWEPT_MASKS  # noqa: E402
 from graft.sweep import run_tag  # noqa: E402
 from research.scenarios import summarise  # noqa: E402
 
@@ -114,7 +115,7 @@ def paper_checks(points: pd.DataFrame, margin: tuple[float, float]) -> dict:
         # each OPSD objective on its own, and the other way round (an OPSD point may be the one that dominates)
         checks[f"graft family > opsd alpha {alpha}"] = (family, opsd[opsd.alpha == alpha])
         checks[f"opsd alpha {alpha} > graft family"] = (opsd[opsd.alpha == alpha], family)
-    for mask in ("diagonal", "kfac", "random"):
+    for mask in SWEPT_MASKS:
         rho_family = pd.concat([graft[graft.lam == lam],
                                 points[(points.method == f"graft_{mask}") & (points.lam == lam)]])
         checks[f"rho family ({mask}, lam {lam}) > lambda family"] = (rho_family, pd.concat([post, graft]))

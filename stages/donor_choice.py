@@ -26,7 +26,8 @@ from graft.cli import run_stage  # noqa: E402
 from graft.diagnostics import delta_geometry  # noqa: E402
 from graft.donor_choice import COLUMNS, epoch_losses, frontier_scores, summary_metrics  # noqa: E402
 from graft.kl_prediction import per_token_kl, quadratic_forms  # noqa: E402
-from graft.points import DONOR_METHOD, POST_DELTA, candidate_delta  # noqa: E402
+from graft.points import POST_DELTA, candidate_delta  # noqa: E402
+from graft.registry import DONOR_METHOD  # noqa: E402
 from graft.retention_kl import mean_inverse_length, read_rollouts  # noqa: E402
 from graft.schema import load_all  # noqa: E402
 from graft.sweep import run_tag  # noqa: E402

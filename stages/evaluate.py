@@ -38,7 +38,7 @@ from graft.cli import TIMING, run_stage
 from graft.openmp import use_threads
 from graft.distributed import become_replica, relaunch_under_torchrun
 from graft.evaluation import TextSuite, evaluate_model, evaluation_suites, text_suites
-from graft.grading import PERPLEXITY
+from graft.registry import PERPLEXITY
 from graft.generation import open_generator
 from graft.chat import open_chat
 from graft.kl_prediction import PROPOSED

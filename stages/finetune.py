@@ -21,6 +21,7 @@ import torch
 
 from graft.cli import TIMING, run_stage
 from graft.openmp import use_threads
+from graft.registry import DONOR_METHOD, GRAFT
 from graft.atomic import write_json, write_parquet
 from graft.distributed import init_distributed, leave_distributed, relaunch_under_torchrun
 from graft.finetuning import SupervisedObjective, recipe_settings, spec_from_params, train_to_snapshots
@@ -83,7 +84,7 @@ def main() -> None:
         live_dir=Path(f"reports/finetune/live/{name}"))
     if info.main:
         write_json(f"reports/finetune/{name}.json", log.curve)  # a list of records: what `dvc plots` reads
-        method = {"donor": "graft", "sft": "sft", "candidate": "graft_donor"}[args.target]
+        method = {"donor": GRAFT, "sft": "sft", "candidate": DONOR_METHOD}[args.target]
         write_parquet(TIMING / f"finetune_{name}.parquet", pd.DataFrame(log.timing).assign(method=method))
         print(f"finetune {name}: {len(encoded)} examples, {len(log.curve)} steps, "
               f"final loss {log.curve[-1]['loss']:.4f}")

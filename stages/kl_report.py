@@ -19,9 +19,9 @@ import pandas as pd  # noqa: E402
 
 from graft.atomic import atomic_file, write_json, write_parquet  # noqa: E402
 from graft.cli import run_stage  # noqa: E402
-from graft.kl_prediction import FISHER_FORMS, FORMS  # noqa: E402
+from graft.kl_prediction import FORMS  # noqa: E402
 from graft.kl_report import accuracy_summary, prediction_table, proposal_outcomes  # noqa: E402
-from graft.points import DIAGNOSTIC  # noqa: E402
+from graft.registry import DIAGNOSTIC, FISHER_FORMS  # noqa: E402
 from graft.schema import load_all  # noqa: E402
 from graft.tables import read_parquet  # noqa: E402
 

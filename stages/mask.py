@@ -14,6 +14,7 @@ import argparse
 from graft.cli import run_stage
 from graft.atomic import atomic_dir, write_json
 from graft.merging import MaskPlan, write_masked_delta
+from graft.registry import SWEPT_MASKS
 from graft.schema import load_all
 from graft.sweep import require, run_tag
 from graft.tensors import TensorReader
@@ -21,7 +22,7 @@ from graft.tensors import TensorReader
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", choices=["diagonal", "kfac", "random"], required=True)
+    ap.add_argument("--kind", choices=SWEPT_MASKS, required=True)
     ap.add_argument("--rho", type=float, required=True)
     ap.add_argument("--lr", type=float, required=True)
     ap.add_argument("--epoch", type=int, required=True)

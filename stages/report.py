@@ -21,15 +21,14 @@ from graft.atomic import atomic_file, write_json, write_parquet  # noqa: E402
 from graft.pareto import non_dominated  # noqa: E402
 from graft.schema import load_all  # noqa: E402
 from graft.kl_prediction import PROPOSED  # noqa: E402
-from graft.points import DIAGNOSTIC, PROPOSED_PREFIX, proposed_points, sweep_points  # noqa: E402
+from graft.points import proposed_points, sweep_points  # noqa: E402
+from graft.registry import DIAGNOSTIC, GRAFT, METHODS, PROPOSED_PREFIX, SFT_MERGE  # noqa: E402
 from graft.tables import read_parquet  # noqa: E402
 
 # what the x axis measures: evaluate scores knowledge recall greedily, every other source by pass@1 over n samples
 NEW_TASK_AXIS = {"knowledge": "new task (held-out phrasings of injected facts, greedy exact match)"}
 NEW_TASK_AXIS_DEFAULT = "new task (held-out mined problems, pass@1)"
 
-METHOD_ORDER = ["post", "sft", "sft_merge", "fisher_merge", "opsd", "graft", "graft_diagonal", "graft_kfac",
-                "graft_random", "graft_donor"]
 
 
 def load_points(names: list[str], folder: Path) -> pd.DataFrame:
@@ -87,7 +86,7 @@ def plot_paths(df: pd.DataFrame, path: Path) -> None:
     axes[0].set_ylabel("pass@1")
     # the figure is a declared output, so it is drawn even when diagnostics.interpolation asks for no points
     axes[0].set_title("post-training path" if len(base_path) else "post-training path (no interpolation points)")
-    for method in ("graft", "sft_merge"):
+    for method in (GRAFT, SFT_MERGE):
         for (lr, ep), sub in df[df.method == method].groupby(["lr", "epoch"]):
             sub = sub.sort_values("lam")
             lams = [0.0] + list(sub.lam)
@@ -107,7 +106,7 @@ def new_task_axis(source: str) -> str:
 def plot(df: pd.DataFrame, path: Path, x_label: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
     several = [c for c in ("lr", "epoch") if df[c].dropna().nunique() > 1]  # name the grid only where it varies
-    for method in [m for m in METHOD_ORDER if m in set(df.method)]:
+    for method in [m for m in METHODS if m in set(df.method)]:
         sub = df[df.method == method]
         sc = ax.scatter(sub.new_task, sub.old_task, label=method, s=40, alpha=0.85)
         front = sub[non_dominated(list(zip(sub.new_task, sub.old_task)))].sort_values("new_task")

@@ -10,6 +10,7 @@ import pandas as pd
 
 from graft.atomic import write_parquet
 from graft.cli import run_stage
+from graft.registry import SOURCES
 from graft.tables import read_table
 
 
@@ -17,7 +18,7 @@ def main() -> None:
     mined = len(read_table("data/mined/train.parquet", "hard_pool"))
     synth = json.loads(open("reports/synthself/summary.json").read())
     rows = []
-    for source in ("teacher", "synthself", "star", "knowledge"):
+    for source in SOURCES:
         df = pd.read_parquet(f"data/offpolicy/{source}.parquet")
         row = {"source": source, "rows": len(df), "problems": df.problem_id.nunique(), "candidates": mined}
         if source == "teacher":

@@ -12,7 +12,8 @@ import yaml
 from graft.donor_choice import (epoch_losses, frontier_scores, hypervolume, rank_agreement, spearman,
                                 summary_metrics)
 from graft.params import ParamsError
-from graft.points import DONOR_METHOD, sweep_points
+from graft.points import sweep_points
+from graft.registry import DONOR_METHOD
 from graft.schema import validate
 from tests.conftest import REPO
 

@@ -41,7 +41,7 @@ def test_the_report_draws_both_declared_figures_without_interpolation_points(tmp
     there: the interpolation figure was drawn only when such points existed)."""
     import pandas as pd
 
-    from graft.points import DIAGNOSTIC
+    from graft.registry import DIAGNOSTIC
     from stages.report import draw_figures
     from tests.conftest import REPO
 
