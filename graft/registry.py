@@ -44,3 +44,11 @@ def masked_method(kind: str) -> str:
 
 
 METHODS = ("post", "sft", SFT_MERGE, "fisher_merge", "opsd", GRAFT, *map(masked_method, SWEPT_MASKS), DONOR_METHOD)
+
+
+def method_order(methods) -> list[str]:
+    """The methods present, in METHODS order, then the proposed ones in their families' order, then others sorted."""
+    present = set(methods)
+    order = [m for m in METHODS if m in present]
+    order += [f"{PROPOSED_PREFIX}{m}" for m in METHODS if f"{PROPOSED_PREFIX}{m}" in present]
+    return order + sorted(present - set(order))

@@ -17,11 +17,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from graft.atomic import atomic_file, write_json, write_parquet  # noqa: E402
+from graft.atomic import write_json, write_parquet  # noqa: E402
 from graft.cli import run_stage  # noqa: E402
+from graft.figures import legend_outside, method_style, save_png  # noqa: E402
 from graft.kl_prediction import FORMS  # noqa: E402
 from graft.kl_report import accuracy_summary, prediction_table, proposal_outcomes  # noqa: E402
-from graft.registry import DIAGNOSTIC, FISHER_FORMS  # noqa: E402
+from graft.registry import DIAGNOSTIC, FISHER_FORMS, method_order  # noqa: E402
 from graft.schema import load_all  # noqa: E402
 from graft.tables import read_parquet  # noqa: E402
 
@@ -32,27 +33,24 @@ def plot(table: pd.DataFrame, path: Path) -> None:
     fig, axes = plt.subplots(1, len(FISHER_FORMS) + 1, figsize=(5 * len(FISHER_FORMS) + 5, 4.5), dpi=110)
     have = table[table.predicted_kl_kfac.notna() & (table.measured_kl > 0)]
     every = table[(table.measured_kl > 0) & (table.method != DIAGNOSTIC)]   # every method, predicted or not
-    methods = sorted(set(have.method))
-    colours = {m: plt.cm.tab20(i % 20) for i, m in enumerate(sorted(set(every.method)))}   # one colour per method
+    methods = method_order(have.method)
     for ax, form in zip(axes, FISHER_FORMS):
         sub = have[have[f"predicted_kl_{form}"] > 0]
         for m in methods:
             s = sub[sub.method == m]
-            ax.scatter(s[f"predicted_kl_{form}"], s.measured_kl, color=colours[m], label=m, s=30,
-                       marker="*" if m.startswith("proposed_") else "o")
+            ax.scatter(s[f"predicted_kl_{form}"], s.measured_kl, **method_style(m))
         if len(sub):
             lo = min(sub[f"predicted_kl_{form}"].min(), sub.measured_kl.min())
             hi = max(sub[f"predicted_kl_{form}"].max(), sub.measured_kl.max())
-            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
+            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
             ax.set_xscale("log")
             ax.set_yscale("log")
         ax.set_xlabel(f"predicted KL, {form} Fisher (nats/token)")
         ax.set_ylabel("measured retention KL (nats/token)")
-        ax.set_title(f"{form}: predicted vs measured")
-    for m in sorted(set(every.method)):
+        ax.set_title(f"{form}: predicted vs measured (dashed: equal)")
+    for m in method_order(every.method):   # the last axis has every method: the figure's one legend reads it
         s = every[every.method == m]
-        axes[-1].scatter(s.measured_kl, s.old_task, color=colours[m], label=m, s=30,
-                         marker="*" if m.startswith("proposed_") else "o")
+        axes[-1].scatter(s.measured_kl, s.old_task, label=m, **method_style(m))
     if len(every):
         axes[-1].set_xscale("log")
     axes[-1].set_xlabel("measured retention KL (nats/token)")
@@ -60,11 +58,9 @@ def plot(table: pd.DataFrame, path: Path) -> None:
     axes[-1].set_title("does a KL budget predict forgetting?")
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7)
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    legend_outside(fig, axes[-1])
+    save_png(fig, path)
 
 
 def rounded(x):

@@ -3,7 +3,8 @@
 The propose stage's points (method proposed_<family>) are in the table and drawn as stars; the frontiers are the
 sweep's own (proposed and diagnostic points are left out of them).
 
--> reports/points.parquet, reports/pareto.png, reports/pareto.json (DVC plot data), reports/metrics.json
+-> reports/points.parquet, reports/pareto.png, reports/pareto.json (DVC plot data), reports/metrics.json,
+   reports/headline.json (one point per method: the columns `dvc exp show` leads with)
 """
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from graft.cli import run_stage
-from graft.atomic import atomic_file, write_json, write_parquet  # noqa: E402
+from graft.atomic import write_json, write_parquet  # noqa: E402
+from graft.headline import headline  # noqa: E402
+from graft.figures import legend_outside, method_style, save_png  # noqa: E402
 from graft.pareto import non_dominated  # noqa: E402
 from graft.schema import load_all  # noqa: E402
 from graft.kl_prediction import PROPOSED  # noqa: E402
 from graft.points import proposed_points, sweep_points  # noqa: E402
-from graft.registry import DIAGNOSTIC, GRAFT, METHODS, PROPOSED_PREFIX, SFT_MERGE  # noqa: E402
+from graft.registry import DIAGNOSTIC, GRAFT, PROPOSED_PREFIX, SFT_MERGE, method_order  # noqa: E402
 from graft.tables import read_parquet  # noqa: E402
 
 # what the x axis measures: evaluate scores knowledge recall greedily, every other source by pass@1 over n samples
@@ -62,15 +65,13 @@ def load_points(names: list[str], folder: Path) -> pd.DataFrame:
     return df
 
 
-def save_figure(fig, axes, path: Path, legend_size: int) -> None:
-    """Grid and legend on every axis, then the PNG written atomically."""
+def save_figure(fig, axes, path: Path) -> None:
+    """Grid on every axis, the last axis's legend outside the axes, then the PNG written atomically."""
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=legend_size)
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    legend_outside(fig, axes[-1], fontsize=7)
+    save_png(fig, path)
 
 
 def plot_paths(df: pd.DataFrame, path: Path) -> None:
@@ -95,7 +96,8 @@ def plot_paths(df: pd.DataFrame, path: Path) -> None:
                              label=f"{method} lr{lr:g} ep{ep:g}: {col.replace('_', ' ')}")
     axes[1].set_xlabel("lam in post + lam * delta (unmasked)")
     axes[1].set_title("update paths")
-    save_figure(fig, axes, path, legend_size=7)
+    axes[0].legend(fontsize=7)
+    save_figure(fig, axes, path)
 
 
 def new_task_axis(source: str) -> str:
@@ -103,31 +105,51 @@ def new_task_axis(source: str) -> str:
     return NEW_TASK_AXIS.get(source, NEW_TASK_AXIS_DEFAULT)
 
 
+def point_tag(r, several: list[str]) -> str:
+    """A point's coordinates in the grid: lambda, rho, alpha, and lr / epoch where the sweep varies them."""
+    marks = [("λ", r.lam), ("ρ", r.rho), ("α", r.alpha)] + [(f"{c} ", getattr(r, c)) for c in several]
+    return " ".join(f"{sym}{v:g}" for sym, v in marks if not pd.isna(v))
+
+
 def plot(df: pd.DataFrame, path: Path, x_label: str) -> None:
-    fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
+    """New vs old task: each method's points joined in lambda order (one line per rho, snapshot, alpha and donor),
+    post marked with its levels as reference lines, the global frontier circled and numbered, and a table beside
+    the plot naming each numbered point (labels on the points themselves overlap)."""
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
     several = [c for c in ("lr", "epoch") if df[c].dropna().nunique() > 1]  # name the grid only where it varies
-    for method in [m for m in METHODS if m in set(df.method)]:
+    post = df[df.method == "post"]
+    for r in post.itertuples():
+        ax.axhline(r.old_task, color="black", lw=0.7, ls=":", zorder=0)
+        ax.axvline(r.new_task, color="black", lw=0.7, ls=":", zorder=0)
+    for method in method_order(df.method):
         sub = df[df.method == method]
-        sc = ax.scatter(sub.new_task, sub.old_task, label=method, s=40, alpha=0.85)
-        front = sub[non_dominated(list(zip(sub.new_task, sub.old_task)))].sort_values("new_task")
-        ax.plot(front.new_task, front.old_task, color=sc.get_facecolor()[0], lw=1)
-        for _, r in sub.iterrows():
-            marks = [("λ", r.lam), ("ρ", r.rho), ("α", r.alpha)] + [(f"{c} ", getattr(r, c)) for c in several]
-            tag = " ".join(f"{sym}{v:g}" for sym, v in marks if not pd.isna(v))
-            ax.annotate(tag, (r.new_task, r.old_task), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    for method in sorted(m for m in set(df.method) if m.startswith(PROPOSED_PREFIX)):
-        sub = df[df.method == method]
-        ax.scatter(sub.new_task, sub.old_task, marker="*", s=160, label=method, edgecolors="black", lw=0.6)
-        for _, r in sub.iterrows():
-            ax.annotate(f"λ{r.lam:g}" + ("" if pd.isna(r.rho) else f" ρ{r.rho:g}"), (r.new_task, r.old_task),
-                        fontsize=7, xytext=(3, -9), textcoords="offset points")
-    glob = df[df.frontier]
-    ax.scatter(glob.new_task, glob.old_task, facecolors="none", edgecolors="black", s=120, lw=1.2,
-               label="global frontier")
+        style = method_style(method)
+        ax.scatter(sub.new_task, sub.old_task, label=method, alpha=0.9, zorder=6 if method == "post" else 3, **style)
+        if method.startswith(PROPOSED_PREFIX) or len(sub) < 2:
+            continue
+        for _, line in sub.groupby(["rho", "lr", "epoch", "alpha", "donor"], dropna=False):
+            line = line.sort_values("lam")
+            if len(line) > 1:
+                ax.plot(line.new_task, line.old_task, color=style["color"], lw=1, alpha=0.7, zorder=2)
+    front = df[df.frontier].sort_values("new_task")
+    ax.scatter(front.new_task, front.old_task, facecolors="none", edgecolors="black", s=150, lw=1.1, zorder=4,
+               label="global frontier (numbered)")
+    rows, at = [], {}
+    for i, r in enumerate(front.itertuples(), 1):
+        at.setdefault((r.new_task, r.old_task), []).append(str(i))   # equal points share one label: "8,9"
+        rows.append(f"{i:>2}  {r.method} {point_tag(r, several)}  new {r.new_task:.3f}  old {r.old_task:.3f}")
+    for xy, numbers in at.items():
+        ax.annotate(",".join(numbers), xy, fontsize=7, xytext=(5, 4), textcoords="offset points", zorder=5)
     ax.set_xlabel(x_label)
     ax.set_ylabel("old task (mean over suites, pass@1)")
-    ax.set_title("graft: new vs old task")
-    save_figure(fig, [ax], path, legend_size=8)
+    ax.set_title("graft: new vs old task (dotted: post)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    legend_outside(fig, ax)
+    if rows:
+        fig.text(1.0, 0.02, "global frontier\n" + "\n".join(rows), fontsize=7, family="monospace",
+                 va="bottom", ha="left")
+    save_png(fig, path)
 
 
 def draw_figures(df: pd.DataFrame, source: str, reports: Path) -> None:
@@ -148,6 +170,7 @@ def main() -> None:
         {"method": r.method, "name": r.name, "new_task": r.new_task, "old_task": r.old_task,
          "frontier": bool(r.frontier), "method_frontier": bool(r.method_frontier)} for r in df.itertuples()
         if r.method != DIAGNOSTIC])
+    write_json("reports/headline.json", {"headline": headline(df)})   # listed first by `dvc exp show`
     # plain-text suites are beside the old-task mean, not in it: their perplexities are metrics of their own
     ppl = sorted(c for c in df.columns if c.startswith("old:") and c.endswith("/perplexity"))
     write_json("reports/metrics.json", {
