@@ -25,7 +25,7 @@ def _chat(size: Size) -> ChatFormat:
     if size.name == "toy":   # the embedded family: think block, answer tags
         return ChatFormat(tok, ChatSpec(True, "template", ("<think>", "</think>"), ""), AnswerFormat("answer_tag", ""),
                           size.post)
-    # SmolLM2's own template, no think block, the answer on the last line (README "Using real models")
+    # SmolLM2's own template, no think block, the answer on the last line (docs/reference.md "Using real models")
     return ChatFormat(tok, ChatSpec(True, "none", (), ""), AnswerFormat("final_line", ""), size.post)
 
 

@@ -1,6 +1,6 @@
 """Is a hard skill learnable by the real family at all, from its traces at the scenario's finetune recipe? Measured on
 a probe table disjoint from the pool (data/real/hard_probe_short.parquet), so choosing the skill never looks at a
-scenario's evaluation set (README "The hard-skill scenario").
+scenario's evaluation set (docs/findings/real-model.md "The hard-skill scenario").
 
     python research/hard_skill_probe.py --models models/family/smollm2 models/family/post/epoch2 \
         --pool data/real/hard_pool_short.parquet --probe data/real/hard_probe_short.parquet

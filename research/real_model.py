@@ -1,4 +1,4 @@
-"""The paper's experiment on a real pretrained LM that the pipeline derives itself (README "What a real model shows").
+"""The paper's experiment on a real pretrained LM that the pipeline derives itself (docs/findings/real-model.md).
 
     python research/real_model.py knowledge --seed 0      # from the repository root, venv active, clean workspace
 

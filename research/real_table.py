@@ -1,8 +1,8 @@
-"""The README's per-run table of a real-model run's folder (research/real/<run>/): task scores, English perplexity,
+"""The per-run table of docs/findings/real-model.md of a real-model run's folder (research/real/<run>/): task scores, English perplexity,
 retention KL, old items broken and the share of arithmetic samples answered with the new skill's procedure.
 
 python research/real_table.py research/real/hard_short-seed1
-prints one Markdown row per point, in the order of the README's tables, read from points.parquet, summary.json and
+prints one Markdown row per point, in the order of its tables, read from points.parquet, summary.json and
 the samples; nothing is recomputed from models.
 """
 from __future__ import annotations

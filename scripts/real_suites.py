@@ -5,7 +5,7 @@ python scripts/real_suites.py   (deterministic; the files are committed, so this
 - facts.parquet: general-knowledge questions with short answers (old task, graded by ``contains``)
 - hard_pool.parquet: multi-digit multiplication with a worked solution (the new task; small models fail it)
 - retention.parquet: further arithmetic and fact prompts for the retention Fisher (disjoint from the suites)
-The real family's post-training (params ``family.posttrain``, README "What a real model shows"), from a second seed so
+The real family's post-training (params ``family.posttrain``, docs/findings/real-model.md), from a second seed so
 the files above stay as they were:
 - posttrain.parquet: one- and two-step word problems with a short worked answer (question/think/answer traces): the
   narrow skill post-training gives the model, graded by the arith suite
@@ -14,7 +14,7 @@ the files above stay as they were:
 Every question of these two is distinct from each other and from the suites' and retention's.
 - english.parquet: short passages of plain English prose written for this project (``texts`` schema), the held-out
   text of the ``perplexity`` old suite (no training table holds them)
-A shorter hard skill, from a third seed (the multiplication above is one no method learned, README "The hard-skill
+A shorter hard skill, from a third seed (the multiplication above is one no method learned, docs/findings/real-model.md "The hard-skill
 scenario"): a two-digit number times a one-digit number, worked the same way:
 - hard_pool_short.parquet: 256 such problems with a worked solution (``hard_pool`` schema)
 - hard_probe_short.parquet: 64 more, disjoint from the pool: where research/hard_skill_probe.py measures whether the

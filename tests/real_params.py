@@ -1,5 +1,5 @@
 """params.yaml for a real pretrained model (the converted SmolLM2-135M-Instruct) at tiny settings: every stage runs
-on it in minutes. The README's "Using real models" shows the same keys."""
+on it in minutes. docs/reference.md "Using real models" shows the same keys."""
 from __future__ import annotations
 
 import yaml

@@ -214,7 +214,7 @@ def test_the_paper_checks_compare_each_opsd_objective_both_ways():
 
 
 def test_checks_over_pooled_runs_give_the_readmes_rho_0005_claims_and_keep_a_differing_point_apart(monkeypatch):
-    """--checks-over knowledge-seed0 knowledge_rho005-seed0 (README "Seed 0: rho 0.005"): with rho 0.005 added, the
+    """--checks-over knowledge-seed0 knowledge_rho005-seed0 (docs/findings/real-model.md "Seed 0: rho 0.005"): with rho 0.005 added, the
     rho family at lambda 1 dominates the lambda family beyond noise for KFAC and diagonal, not exactly, never for the
     random control; KFAC and diagonal at rho 0.005 dominate neither way. OPSD alpha 0.5 is two points under one name
     (demonstration teacher in one run, passage teacher in the other): kept apart, never silently merged."""
@@ -288,7 +288,7 @@ def test_the_held_out_english_text_is_in_no_real_training_table():
 
 
 def test_the_real_run_table_is_read_from_the_runs_folder():
-    """research/real_table.py reads hard_short seed 0's committed folder back into the README's numbers (KFAC rho
+    """research/real_table.py reads hard_short seed 0's committed folder back into the numbers of docs/findings/real-model.md (KFAC rho
     0.01 at lambda 1: 0.73 / 0.59, arithmetic 0.53, KL 0.005, 8 items broken; SFT answers 88% of the arithmetic
     with the new procedure, post none)."""
     from research.real_table import markdown
@@ -323,7 +323,7 @@ def test_a_run_folder_keeps_its_reports_and_only_its_own_runs_fig8_share(tmp_pat
 
 
 def run_points(run: Path) -> dict[str, dict]:
-    """A committed run folder's points as research/real_table.rows reads them (the README's tables), by point name."""
+    """A committed run folder's points as research/real_table.rows reads them (the tables of docs/findings/real-model.md), by point name."""
     from research.real_table import rows
 
     return {r["point"]: r for r in rows(run)}
@@ -374,7 +374,7 @@ def test_real_model_restores_the_workspace_when_dvc_fails_or_it_is_killed(tmp_pa
 def test_the_hard_skills_second_seed_folder_holds_the_readmes_numbers_and_checks():
     """hard_short seed 1's committed folder: KFAC rho 0.01 at lambda 1 learns as SFT does (0.72) and keeps post's
     arithmetic (0.55 against 0.53) at KL 0.005 with 6 items broken; SFT answers 46 of 64 arithmetic samples with the
-    new procedure; the checks the README reports (the KFAC rho family beyond noise, "graft > SFT + merge" not)."""
+    new procedure; the checks docs/findings/real-model.md reports (the KFAC rho family beyond noise, "graft > SFT + merge" not)."""
     import json
 
     from tests.conftest import REPO
@@ -443,7 +443,7 @@ def test_opsd_at_alpha_0_on_the_hard_skills_second_seed_breaks_the_model_as_the_
 
 
 def test_the_second_fact_seeds_folder_holds_the_readmes_numbers_and_checks():
-    """knowledge seed 1 with the full scenario (README "The second fact seed"): the random mask leaves the lambda-1
+    """knowledge seed 1 with the full scenario (docs/findings/real-model.md "The second fact seed"): the random mask leaves the lambda-1
     graft where it was while KFAC cuts its retention KL monotonically with rho; English perplexity follows the KL;
     the passage-teacher OPSD injects nothing at either alpha and breaks arithmetic; SFT + merge beats the graft
     family beyond noise, the graft family beats OPSD beyond noise."""
@@ -480,7 +480,7 @@ def test_the_second_fact_seeds_folder_holds_the_readmes_numbers_and_checks():
 
 
 def test_rho_0005_on_the_second_fact_seed_makes_the_kfac_rho_family_dominate_beyond_noise(monkeypatch):
-    """knowledge_rho005 seed 1 pooled with knowledge seed 1 (README "rho 0.005 on seed 1"): KFAC rho 0.005 at lambda 1
+    """knowledge_rho005 seed 1 pooled with knowledge seed 1 (docs/findings/real-model.md "rho 0.005 on seed 1"): KFAC rho 0.005 at lambda 1
     injects more than the unmasked graft at post's old score, breaking no arithmetic item; with it the KFAC rho
     family at lambda 1 dominates the lambda family exactly and beyond noise, the diagonal and random ones do not; the
     points the two runs share are identical."""
@@ -525,7 +525,7 @@ def test_the_real_donor_sweep_folder_holds_the_readmes_numbers():
     assert summary["order_by_hypervolume"] == "post_ep1 > finetune.donor"
 
 def test_twice_the_facts_folder_holds_the_readmes_numbers_and_checks():
-    """knowledge_scale seed 0, 16 entities (README "Twice the facts"): SFT and Fisher merging still inject most; the
+    """knowledge_scale seed 0, 16 entities (docs/findings/real-model.md "Twice the facts"): SFT and Fisher merging still inject most; the
     Fisher masks cut the lambda-1 graft's retention KL monotonically with rho while the random control leaves it; every
     lambda-1 point that injects drops the general-knowledge suite to 0.25 or below; the rho family no longer
     dominates the lambda family; SFT + merge beats the graft family and the graft family beats OPSD beyond noise."""
@@ -566,7 +566,7 @@ def test_twice_the_facts_folder_holds_the_readmes_numbers_and_checks():
 
 
 def test_the_donor_sweep_on_the_second_fact_seed_repeats_the_first():
-    """knowledge_donor_sweep seed 1 (README "Choosing the donor"): post-training's epoch-1 snapshot grafts better than
+    """knowledge_donor_sweep seed 1 (docs/reference.md "Choosing the donor"): post-training's epoch-1 snapshot grafts better than
     the base at lambda 1 (0.44 / 0.44 against 0.31 / 0.34, KL 0.055 against 0.126) with the larger hypervolume; the
     points it shares with knowledge seed 1 are identical (the overlay adds the candidate and nothing else)."""
     import json

@@ -51,3 +51,36 @@ def test_the_report_draws_both_declared_figures_without_interpolation_points(tmp
         draw_figures(rows, "teacher", tmp_path / name)
         for fig in ("pareto.png", "diagnostics/interpolation.png"):
             assert (tmp_path / name / fig).stat().st_size > 1000, (name, fig)
+
+
+def test_the_headline_takes_each_methods_best_balanced_point_in_registry_order():
+    import pandas as pd
+
+    from graft.headline import headline
+
+    df = pd.DataFrame([
+        {"name": "sft_a", "method": "sft", "new_task": 0.9, "old_task": 0.1, "retention_kl": 0.5},
+        {"name": "graft_kfac_b", "method": "graft_kfac", "new_task": 0.5, "old_task": 0.6, "retention_kl": 0.02},
+        {"name": "graft_kfac_a", "method": "graft_kfac", "new_task": 0.6, "old_task": 0.5, "retention_kl": 0.01},
+        {"name": "graft_kfac_c", "method": "graft_kfac", "new_task": 0.7, "old_task": 0.2, "retention_kl": 0.001},
+        {"name": "post", "method": "post", "new_task": 0.0, "old_task": 0.7, "retention_kl": 0.0},
+        {"name": "base_to_post_t0.5", "method": "base_to_post", "new_task": 1.0, "old_task": 1.0, "retention_kl": 1.0},
+        {"name": "proposed_graft_kfac_x", "method": "proposed_graft_kfac", "new_task": 0.1, "old_task": 0.6,
+         "retention_kl": 0.01},
+    ])
+    h = headline(df)
+    assert list(h) == ["post", "sft", "graft_kfac", "proposed_graft_kfac"]   # diagnostics left out
+    # graft_kfac_a and _b tie on the mean (0.55): the lower retention KL wins
+    assert h["graft_kfac"] == {"point": "graft_kfac_a", "new_task": 0.6, "old_task": 0.5, "retention_kl": 0.01}
+    assert h["sft"]["point"] == "sft_a" and h["post"]["retention_kl"] == 0.0
+
+
+def test_every_method_has_its_own_colour_and_marker():
+    from graft.figures import method_style
+    from graft.registry import METHODS
+
+    looks = {(tuple(method_style(m)["color"]) if not isinstance(method_style(m)["color"], str)
+              else method_style(m)["color"], method_style(m)["marker"]) for m in METHODS}
+    assert len(looks) == len(METHODS)
+    assert method_style("proposed_graft_kfac")["color"] == method_style("graft_kfac")["color"]
+    assert method_style("proposed_graft_kfac")["marker"] == "*"
