@@ -183,3 +183,18 @@ def test_no_metric_name_is_hidden_behind_its_file_name_in_dvc_exp_show():
     clashes = {stage: sorted(n for n in keys if count[n] > 1) for stage, keys in by_stage.items()}
     clashes = {s: c for s, c in clashes.items() if c}
     assert not clashes, clashes
+
+
+TENSOR_STAGES = ("delta_graft", "delta_sft", "delta_post", "delta_candidate", "mask", "merge_fisher", "export",
+                 "fisher_share", "diagnostics", "report", "kl_report")
+
+
+def test_tensor_stages_do_not_depend_on_chat_templates_or_answer_grading():
+    """An edit to answer grading or chat rendering reruns no mask, merge, delta or report: the schema reads the names
+    it needs from graft/registry.py, which imports nothing."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    leaking = {name: sorted(set(stages[name].get("do", stages[name])["deps"]) & {"graft/grading.py", "graft/chat.py",
+                                                                                 "graft/modeling.py"})
+               for name in TENSOR_STAGES}
+    assert not any(leaking.values()), leaking
+    assert code_deps.local_imports(REPO / "graft/registry.py") == set()
