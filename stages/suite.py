@@ -12,7 +12,7 @@ import argparse
 from graft.atomic import write_parquet
 from graft.cli import run_stage
 from graft.confine import check_apart
-from graft.grading import suite_schema
+from graft.registry import suite_schema
 from graft.inputs import InputSpec, describe, read_input
 from graft.schema import load_params
 
