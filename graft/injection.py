@@ -11,7 +11,7 @@ import random
 
 import pandas as pd
 
-from graft.offpolicy import normalised_question
+from graft.canonical import canonical_text
 from graft.tables import TableError
 
 QA_COLUMNS = ["problem_id", "fact_id", "phrasing", "question", "answer"]
@@ -20,11 +20,20 @@ QA_COLUMNS = ["problem_id", "fact_id", "phrasing", "question", "answer"]
 def number_phrasings(facts: pd.DataFrame, where: str, key: str) -> pd.DataFrame:
     """The QA pairs of ``facts`` (row order kept): problem_id ``<fact_id>_p<j>`` for a fact's j-th row.
 
-    A question asked twice (up to case and spacing) is refused: as a training phrasing of one fact and a held-out one
-    of another it would leak the evaluation, and within one fact it is no second phrasing."""
+    A question asked twice (in canonical form, ``graft.canonical``) is refused: as a training phrasing of one fact
+    and a held-out one of another it would leak the evaluation, and within one fact it is no second phrasing. A
+    fact's phrasings ask for one answer: rows of one fact_id (ids compared as written) with different answers are
+    two facts under one id, refused."""
+    answers: dict[str, tuple[int, str]] = {}
+    for row, (fid, a) in enumerate(zip(facts["fact_id"], facts["answer"])):
+        first = answers.setdefault(fid, (row, a))
+        if canonical_text(first[1]) != canonical_text(a):
+            raise TableError(f"{where}: rows {first[0]} and {row} are fact {fid!r} with different answers "
+                             f"({first[1]!r}, {a!r}); a fact's phrasings share one answer: give the other fact its "
+                             f"own fact_id ({key})")
     seen: dict[str, int] = {}
     for row, q in enumerate(facts["question"]):
-        n = normalised_question(q)
+        n = canonical_text(q)
         if n in seen:
             raise TableError(f"{where}: rows {seen[n]} and {row} ask the same question {q!r}; each row of a facts "
                              f"table must be a different phrasing ({key})")

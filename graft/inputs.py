@@ -10,8 +10,8 @@ An input is a params mapping ``{path, split, columns, answer_marker}`` (``InputS
 - ``problem_id``, when the data set has none, is derived from the question text, so ids stay the same however the
   rows are ordered, filtered or appended to.
 What comes out is validated exactly as a Parquet table with our names (``tables.validate_table``). Parquet is read
-with pandas; everything else through ``datasets``, in memory, with its cache in a temporary folder (a stage writes
-nothing outside its outputs).
+with pandas, a save_to_disk folder through ``datasets`` (in memory); CSV and JSON are read as text, every value as
+written (no type guessing: ``007``, ``1.50`` and ``NA`` stay what they are).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from graft.canonical import canonical_text
 from graft.chat import AnswerFormat, ChatSpec
 from graft.tables import (DERIVED_FROM, MESSAGES, OPTIONAL, SCHEMAS, TableError, mappable_columns, read_parquet,
                           validate_table)
@@ -82,17 +83,74 @@ def _one_line(e: BaseException) -> str:
 
 
 def _from_files(path: Path, kind: str) -> pd.DataFrame:
-    import datasets
+    """A CSV or JSON/JSONL file's rows with every value as written: no type guessing, so ``007`` stays ``007``,
+    ``1.50`` stays ``1.50`` and ``NA`` stays ``NA`` (a JSON number is kept as its text; only JSON ``null`` and a
+    missing key are empty)."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")   # a spreadsheet's byte-order mark is not part of a column name
+    except UnicodeDecodeError as e:
+        raise TableError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    records = _csv_records(text, path) if kind == "csv" else _json_records(text, path)
+    columns: dict[str, None] = {}
+    for rec in records:
+        columns.update(dict.fromkeys(rec))
+    return pd.DataFrame([[rec.get(c) for c in columns] for rec in records], columns=list(columns), dtype=object)
 
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity(datasets.logging.CRITICAL)   # its error log would repeat ours, less clearly
-    with tempfile.TemporaryDirectory(prefix="graft-datasets-") as cache:
-        try:
-            ds = datasets.load_dataset(kind, data_files=str(path), split="train", cache_dir=cache,
-                                       keep_in_memory=True)
-        except Exception as e:
-            raise TableError(f"{path}: not a readable {kind.upper()} file ({_one_line(e)})") from None
-        return ds.to_pandas()
+
+def _csv_records(text: str, path: Path) -> list[dict[str, str]]:
+    import csv
+    import io
+
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline=""), strict=True))
+    except csv.Error as e:
+        raise TableError(f"{path}: not a readable CSV file ({e})") from None
+    if not rows:
+        raise TableError(f"{path}: the CSV file is empty (no header row)")
+    header = rows[0]
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    if repeated:
+        raise TableError(f"{path}: the header names column {repeated[0]!r} twice")
+    out = []
+    for i, row in enumerate(rows[1:]):
+        if not row:
+            continue   # a blank line
+        if len(row) != len(header):
+            raise TableError(f"{path}: row {i}: {len(row)} fields, the header has {len(header)}")
+        out.append(dict(zip(header, row)))
+    return out
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict:
+    keys = [k for k, _ in pairs]
+    repeated = next((k for k in keys if keys.count(k) > 1), None)
+    if repeated is not None:
+        raise ValueError(f"an object has the key {repeated!r} twice")
+    return dict(pairs)
+
+
+def _json_records(text: str, path: Path) -> list[dict]:
+    """A JSON array of objects, or JSON Lines (one object per line)."""
+    def parse(s: str) -> Any:
+        return json.loads(s, parse_int=str, parse_float=str, parse_constant=str, object_pairs_hook=_no_repeated_keys)
+
+    try:
+        whole = parse(text)
+        records, lines = (whole if isinstance(whole, list) else [whole]), None
+    except ValueError:
+        records, lines = [], []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(parse(line))
+                except ValueError as e:
+                    raise TableError(f"{path}: not a readable JSON file (line {n}: {e})") from None
+                lines.append(n)
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            where = f"line {lines[i]}" if lines is not None else f"item {i}"
+            raise TableError(f"{path}: {where}: expected a JSON object (one row), got {type(rec).__name__}")
+    return records
 
 
 def _from_disk(path: Path, spec: InputSpec) -> pd.DataFrame:
@@ -185,6 +243,27 @@ def trace_from_messages(messages: Any, where: str, row: int, spec: InputSpec, ch
     return question, think.strip(), answer
 
 
+# with an answer marker, the answer column's text before the marker is the worked solution (or reasoning)
+SPLIT_BY_MARKER = {"solution", "think"}
+
+
+def check_one_column_each(spec: InputSpec, read: Mapping[str, str]) -> None:
+    """Each column of the data set feeds one of ours (``read``: ours -> theirs, mapped or by our own name): a
+    question read as the gold answer would grade every reply against the question. The one exception is the
+    answer column split by ``answer_marker`` into the solution (or think) before it and the answer after."""
+    by_theirs: dict[str, list[str]] = {}
+    for ours, col in read.items():
+        by_theirs.setdefault(col, []).append(ours)
+    for col, ours in by_theirs.items():
+        if len(ours) < 2:
+            continue
+        if spec.answer_marker and "answer" in ours and set(ours) - {"answer"} <= SPLIT_BY_MARKER:
+            continue
+        how = " and ".join(f"{o} ({'mapped' if o in spec.columns else 'our own name'})" for o in ours)
+        raise TableError(f"{spec.path}: column {col!r} is read as {how} ({spec.key}.columns): each column of the "
+                         "data set can give one of ours (only the answer column split by answer_marker gives two)")
+
+
 def map_columns(raw: pd.DataFrame, spec: InputSpec, schema: str, chat: ChatSpec | None = None,
                 fmt: AnswerFormat | None = None, source: str | None = None) -> pd.DataFrame:
     """The rows in our schema's columns, before validation. ``source`` names a trace table's rows."""
@@ -202,6 +281,7 @@ def map_columns(raw: pd.DataFrame, spec: InputSpec, schema: str, chat: ChatSpec 
     # an optional column is carried when the mapping names it (then it must exist) or the data set has ours
     extra = [c for c in OPTIONAL.get(schema, ()) if c in spec.columns or c in raw.columns]
     cells += extra
+    check_one_column_each(spec, {c: theirs[c] for c in cells + ([MESSAGES] if messages else [])})
     for ours in cells + ([MESSAGES] if messages else []):
         if theirs[ours] not in raw.columns:
             how = (f"mapped to {ours} by {spec.key}.columns" if ours in spec.columns
@@ -231,9 +311,11 @@ def map_columns(raw: pd.DataFrame, spec: InputSpec, schema: str, chat: ChatSpec 
             rows[c].append(values[c])
     out = pd.DataFrame(rows, columns=list(SCHEMAS[schema]) + extra)
     if derive and schema != "offpolicy":
-        dup = out[id_col].duplicated(keep=False)
+        canon = out[DERIVED_FROM[id_col]].map(canonical_text)   # equal to a reader, equal here
+        dup = canon.duplicated()
         if dup.any():
-            first, what = list(out.index[dup][:2]), DERIVED_FROM[id_col]
+            second = int(dup.to_numpy().argmax())
+            first, what = [int((canon == canon.iloc[second]).to_numpy().argmax()), second], DERIVED_FROM[id_col]
             raise TableError(f"{where}: rows {first[0]} and {first[1]} have the same {what} ({id_col.replace('_', ' ')}s are "
                              f"derived from the {what} when the data set has none); remove the duplicates or "
                              f"map an id column in {spec.key}.columns")

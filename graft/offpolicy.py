@@ -1,10 +1,9 @@
 """Off-policy data sources, all written in the ``offpolicy`` table schema."""
 from __future__ import annotations
 
-import unicodedata
-
 import pandas as pd
 
+from graft.canonical import canonical_text
 from graft.generation import Completion
 from graft.grading import Grader
 from graft.registry import PERPLEXITY
@@ -73,19 +72,15 @@ def mix_knowledge(qa: pd.DataFrame, replay: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([facts, replay[COLUMNS]], ignore_index=True)[COLUMNS]
 
 
-def normalised_question(q: str) -> str:
-    return " ".join(unicodedata.normalize("NFKC", q).lower().split())
-
-
 def check_no_leakage(train: pd.DataFrame, train_path: str, heldout: dict[str, pd.DataFrame]) -> None:
-    """Refuse training rows that are evaluation problems (same problem_id, or the same question up to case and
-    spacing), whatever their source, the user's own tables included: they would inflate the scores they are
-    measured by."""
+    """Refuse training rows that are evaluation problems (same problem_id, or the same question in the canonical form
+    of ``graft.canonical``), whatever their source, the user's own tables included: they would inflate the scores
+    they are measured by."""
     ids = set(train["problem_id"])
-    questions = {normalised_question(q): pid for q, pid in zip(train["question"], train["problem_id"])}
+    questions = {canonical_text(q): pid for q, pid in zip(train["question"], train["problem_id"])}
     for name, table in sorted(heldout.items()):
         hit_ids = sorted(ids & set(table["problem_id"]))
-        hit_q = sorted(questions[n] for n in {normalised_question(q) for q in table["question"]} if n in questions)
+        hit_q = sorted(questions[n] for n in {canonical_text(q) for q in table["question"]} if n in questions)
         hits = sorted(set(hit_ids) | set(hit_q))
         if hits:
             raise ValueError(f"{train_path}: {len(hits)} training rows are held-out evaluation problems of {name} "

@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from graft.canonical import is_blank
+
 if TYPE_CHECKING:   # pandas loads when a table is read, not when params are (every stage imports this module)
     import pandas as pd
 
@@ -75,7 +77,7 @@ def validate_table(df: pd.DataFrame, path: str | Path, schema: str) -> pd.DataFr
             if not df[col].map(lambda v: isinstance(v, str)).all():
                 raise TableError(f"{path}: column {col!r} must hold strings")
             if col in NON_BLANK:
-                blank = df[col].map(lambda v: not v.strip()).astype(bool)
+                blank = df[col].map(is_blank).astype(bool)
                 if blank.any():
                     raise TableError(f"{path}: row {int(blank.to_numpy().argmax())}: column {col!r} is blank "
                                      f"({int(blank.sum())} row(s)); every row needs one")

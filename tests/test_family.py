@@ -162,11 +162,11 @@ def test_the_real_post_training_data_never_holds_an_evaluation_question():
     """The posttrain stage cannot check its data against the evaluation (the suites are built downstream of the post
     model), so the committed tables are checked here: post-training and replay questions are distinct from every
     suite, retention and each other."""
-    from graft.offpolicy import normalised_question
+    from graft.canonical import canonical_text
     from tests.conftest import REPO
 
     def questions(name: str) -> set[str]:
-        return {normalised_question(q) for q in pd.read_parquet(REPO / "data/real" / name).question}
+        return {canonical_text(q) for q in pd.read_parquet(REPO / "data/real" / name).question}
 
     post, replay = questions("posttrain.parquet"), questions("arith_replay.parquet")
     assert len(post) == 768 and len(replay) == 128 and not post & replay

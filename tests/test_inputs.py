@@ -113,7 +113,7 @@ def test_bad_files_and_cells_are_named(tmp_path):
     pd.DataFrame({"question": ["a"], "answer": ["1"]}).to_json(tmp_path / "one.jsonl", orient="records", lines=True)
     pd.DataFrame({"question": ["a", "b", "c"], "answer": ["1", " \n", ""]}).to_json(tmp_path / "blank.jsonl",
                                                                                  orient="records", lines=True)
-    cases = {"bad.jsonl": "not a readable JSON file (ArrowInvalid: JSON parse error",
+    cases = {"bad.jsonl": "not a readable JSON file (line 2: Expecting value",
              "t.txt": "unknown file type '.txt'",
              "plain_dir": "is a directory but not a datasets save_to_disk folder",
              "null.jsonl": "row 1: column 'question' is empty (null)",
@@ -358,6 +358,6 @@ def test_stage_outputs_load_with_datasets_and_pandas_and_a_dataset_folder_is_a_c
     again = pd.read_parquet(repo / "data/suites/gsm8k.parquet")
     assert again.answer.tolist() == ["999", "203", "205"] and first.answer.tolist() == ["201", "203", "205"]
     assert again.problem_id.tolist() == first.problem_id.tolist()     # same questions, same ids
-    user_facts(repo, USER_FACTS[:-1] + [dict(USER_FACTS[-1], target="the lynx")])
+    user_facts(repo, USER_FACTS[:-1] + [dict(USER_FACTS[-1], prompt="Which animal does Ostmark's emblem show?")])
     out = sh(sys.executable, "-m", "dvc", "repro", "--single-item", *stages)
     assert "Running stage 'knowledge'" in out and "Running stage 'suite@gsm8k'" not in out

@@ -13,7 +13,8 @@ from graft.knowledge import RELATIONS, invent_facts, phrasing_table
 from graft.likelihood import mean_token_nll
 from graft.modeling import load_model
 from graft.generation import Completion
-from graft.offpolicy import mix_knowledge, normalised_question, select_aligner, star_traces
+from graft.canonical import canonical_text
+from graft.offpolicy import mix_knowledge, select_aligner, star_traces
 from graft.passages import passage_table, with_passages
 from graft.tables import TableError
 from graft.training import SFTExample, encode_sft
@@ -83,7 +84,7 @@ def test_invented_passages_state_every_fact_of_their_entity_in_no_question_phras
         assert all(g.answer in text for g in facts if g.entity == f.entity)
         assert not any(g.entity in text for g in facts if g.entity != f.entity)
         # declarative, not a question: no phrasing (held out or trained) appears in it
-        assert not any(normalised_question(t.format(e=f.entity)).rstrip("?.") in normalised_question(text)
+        assert not any(canonical_text(t.format(e=f.entity)).rstrip("?.") in canonical_text(text)
                        for t in RELATIONS[f.relation][1])
 
 
