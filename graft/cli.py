@@ -9,6 +9,7 @@ from typing import Callable
 
 import yaml
 
+from graft.atomic import refuse_symlinks
 from graft.reaper import start_watcher
 
 # Bad input (params, tables, checkpoints, tensors, empty results) raises one of these with a message that names the
@@ -24,6 +25,8 @@ def run_stage(main: Callable[[], None]) -> None:
     name = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "stage"
     start_watcher()   # what the stage starts (vLLM engines, torchrun ranks) dies with it, and it with its dvc
     try:
+        for out in output_roots():   # before any work: a linked output folder would be written through
+            refuse_symlinks(out)
         main()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -33,6 +36,27 @@ def run_stage(main: Callable[[], None]) -> None:
     except USER_ERRORS as e:
         print(f"{name}: error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, whatever the message
         sys.exit(2)
+
+
+def output_roots(dvc_yaml: Path = Path("dvc.yaml")) -> list[str]:
+    """The folders (and files) every stage of ``dvc_yaml`` writes, each up to its first templated part
+    (``models/finetuned/donor_lr${item}`` -> ``models/finetuned``), and the work folder beside them."""
+    roots = {str(TIMING.parent)}
+    try:
+        stages = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages", {})
+    except (OSError, yaml.YAMLError):
+        return sorted(roots)   # no pipeline here (a stage run outside a repository); each write still checks
+    for stage in stages.values():
+        body = stage.get("do", stage) if isinstance(stage, dict) else {}
+        for kind in ("outs", "metrics", "plots"):
+            for entry in body.get(kind, []) or []:
+                path = next(iter(entry)) if isinstance(entry, dict) else entry
+                if isinstance(path, str):
+                    static, templated, _ = path.partition("${")
+                    static = static.rpartition("/")[0] if templated else static
+                    if static:
+                        roots.add(static)
+    return sorted(roots)
 
 
 def output_path(path: str | Path, root: Path | None = None) -> Path:

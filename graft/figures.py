@@ -40,7 +40,8 @@ def legend_outside(fig, ax, fontsize: int = 8) -> None:
 
 
 def save_png(fig, path: Path) -> None:
-    """The PNG written atomically, with the outside legend inside the image."""
+    """The PNG written atomically, with the outside legend inside the image, and without matplotlib's version in
+    its metadata (an upgrade that draws the same pixels writes the same bytes)."""
     with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png", bbox_inches="tight")
+        fig.savefig(tmp, format="png", bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)

@@ -103,7 +103,7 @@ def plot(points: pd.DataFrame, table: pd.DataFrame, post_xy: tuple[float, float]
     ax.legend(fontsize=7)
     fig.tight_layout()
     with atomic_file(OUT / "frontiers.png") as tmp:
-        fig.savefig(tmp, format="png")
+        fig.savefig(tmp, format="png", metadata={"Software": None})   # no library version in the bytes
     plt.close(fig)
 
 
