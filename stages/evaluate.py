@@ -33,13 +33,13 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from graft.atomic import write_json, write_parquet
+from graft.atomic import refuse_symlinks, write_json, write_parquet
 from graft.cli import TIMING, run_stage
 from graft.openmp import use_threads
 from graft.distributed import become_replica, relaunch_under_torchrun
 from graft.evaluation import TextSuite, evaluate_model, evaluation_suites, text_suites
 from graft.registry import PERPLEXITY
-from graft.generation import open_generator
+from graft.generation import SPEED_ONLY, open_generator
 from graft.chat import open_chat
 from graft.kl_prediction import PROPOSED
 from graft.loaded_code import loaded_modules
@@ -86,17 +86,43 @@ def is_current(pt: Point, key: str) -> bool:
     return samples.exists() and rec.get("key") == key and rec.get("samples_sha256") == content_hash(samples)
 
 
+SAMPLE_COLUMNS = ("task", "problem_id", "sample", "text", "answer", "gold", "correct", "n_tokens")
+
+
+def written_here(f: Path) -> bool:
+    """A file this stage wrote: a point's JSON (its key and samples hash), a samples table (its columns), or the
+    temporary of a write a kill interrupted. Anything else in the folders is the user's and is left alone."""
+    if f.name.startswith("."):
+        return ".tmp-" in f.name
+    try:
+        if f.suffix == ".json":
+            rec = json.loads(f.read_text())
+            return isinstance(rec, dict) and {"key", "samples_sha256"} <= set(rec)
+        if f.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return tuple(pq.read_schema(f).names) == SAMPLE_COLUMNS
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return False
+
+
 def remove_stale(names: set[str]) -> list[str]:
-    """Delete results of points that params.yaml no longer declares (and temporaries a kill left)."""
+    """Delete results this stage wrote for points that params.yaml no longer declares (and temporaries a kill
+    left); a file it did not write is named, never removed."""
     gone = []
     for folder, suffix in ((POINTS, ".json"), (SAMPLES, ".parquet")):
         if folder.is_dir():
-            for f in folder.iterdir():
-                if not f.is_file() or (f.name.startswith(".") and ".tmp-" not in f.name):
+            for f in sorted(folder.iterdir()):
+                if not f.is_file():
                     continue
                 if f.name.startswith(".") or not f.name.endswith(suffix) or f.name[: -len(suffix)] not in names:
-                    f.unlink()
-                    gone.append(str(f))
+                    if written_here(f):
+                        f.unlink()
+                        gone.append(str(f))
+                    else:
+                        print(f"evaluate: left {f} alone: not a result this stage wrote (DVC keeps it in the "
+                              "folder's output)")
     return gone
 
 
@@ -122,8 +148,8 @@ def main() -> None:
     memo: dict[str, str] = {}
     use_threads(allp["compute"].threads)   # before any torch work (graft.openmp)
     device = resolve_device(allp["compute"].device)
-    # the replica count changes who scores a point, never its result
-    settings = {"evaluate": dict(p), "generation": {k: v for k, v in gen.items() if k != "data_parallel_size"},
+    # the replica count and the batch size change who scores a point and how fast, never its result
+    settings = {"evaluate": dict(p), "generation": {k: v for k, v in gen.items() if k not in SPEED_ONLY},
                 "chat": dict(chat), "answer": dict(answer),
                 "suites": {k: dict(v) for k, v in data.old_suites.items() if v.grader != PERPLEXITY},
                 "source": ft.source,
@@ -145,6 +171,8 @@ def main() -> None:
         run_replica(replica, [pt for pt in points if pt.name in set(args.replica_points)], keys, kl_keys, allp,
                     new_task, suites, device)
         return
+    for folder in (POINTS, SAMPLES):   # before anything is removed from them
+        refuse_symlinks(folder)
     todo = [pt for pt in points if not is_current(pt, keys[pt.name])]
     for f in remove_stale({pt.name for pt in points}):
         print(f"evaluate: removed {f} (not in the sweep)")
