@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from graft.registry import FORMATS, SWITCHES
-
-ANSWER_TAG = ("<answer>", "</answer>")
+from graft.registry import ANSWER_TAG, FORMATS, SWITCHES
 
 
 @dataclass(frozen=True)

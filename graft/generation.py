@@ -17,6 +17,9 @@ from typing import Callable, Iterable, Protocol, Sequence
 import torch
 from tqdm import tqdm
 
+# generation settings that change how fast samples come, never which (each request has its own seeded generator,
+# and a point is scored whole by one engine): in no stage's params deps (dvc.yaml) and in no key
+SPEED_ONLY = ("batch_size", "data_parallel_size")
 
 
 @dataclass(frozen=True)

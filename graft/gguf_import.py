@@ -21,10 +21,16 @@ def packaged_file(package: str, relative: str) -> Path:
     """A data file inside an installed package, found without importing the package (some import missing deps)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {package} is not installed (see README: Using real models)")
+        raise FileNotFoundError(f"package {package} is not installed (docs/reference.md, Using real models)")
+    if Path(relative).is_absolute() or ".." in Path(relative).parts:
+        raise FileNotFoundError(f"{relative} must be a path inside package {package} (relative, no ..): only the "
+                                "pinned package's own file is what params name")
     for root in spec.submodule_search_locations:
         cand = Path(root) / relative
         if cand.is_file():
+            if not cand.resolve().is_relative_to(Path(root).resolve()):   # a link out of the package
+                raise FileNotFoundError(f"package {package}: {relative} is a link to {cand.resolve()}, outside the "
+                                        "package")
             return cand
     raise FileNotFoundError(f"package {package} has no file {relative}")
 

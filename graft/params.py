@@ -44,7 +44,8 @@ INT, NUM, STR, BOOL = int, (int, float), str, bool
 POS_INT = Field(INT, positive, "> 0")
 NONNEG_INT = Field(INT, nonneg, ">= 0")
 POS_NUM = Field(NUM, positive, "> 0")
-SEED = NONNEG_INT
+# every RNG a seed reaches takes it (torch, numpy, random, vLLM): a wider one fails deep inside a run
+SEED = Field(INT, lambda x: 0 <= x < 2**32, "in [0, 2**32 - 1]")
 DEVICES = ("auto", "cpu", "cuda")   # compute.device (graft.modeling.resolve_device)
 DTYPE = Field(STR, lambda s: s in ("float32", "bfloat16", "float16"), "one of float32, bfloat16, float16")
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 # chat: how thinking is switched off (graft.chat.ChatSpec) and how a final answer is written (graft.chat.AnswerFormat)
 SWITCHES = ("template", "prefill", "none")
 FORMATS = ("answer_tag", "boxed", "final_line")
+# the text each format writes around an answer (final_line writes none): chat markers must not collide with it
+ANSWER_TAG = ("<answer>", "</answer>")
+ANSWER_SYNTAX = {"answer_tag": ANSWER_TAG, "boxed": ("\\boxed{", "}"), "final_line": ()}
 
 # old-task suites: graded answers, or plain text scored by its likelihood (graft.grading.Grader)
 GRADERS = ("math", "fact", "contains")

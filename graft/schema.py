@@ -7,7 +7,7 @@ from pathlib import Path
 
 from graft.params import (BOOL, DEVICES, DTYPE, INT, NONNEG_INT, NUM, POS_INT, POS_NUM, SEED, STR, Field, ParamsError,
                           Section, nonneg, positive, read_yaml, unit_open, validate_sections)
-from graft.registry import FORMATS, GRADERS, PERPLEXITY, PREDICTORS, SOURCES, SUITE_KINDS, SWEPT_MASKS, SWITCHES, suite_schema
+from graft.registry import ANSWER_SYNTAX, FISHER_MASKS, FORMATS, GRADERS, PERPLEXITY, PREDICTORS, SOURCES, SUITE_KINDS, SWEPT_MASKS, SWITCHES, suite_schema
 from graft.schema_world import WORLD_SCHEMA, check_world
 from graft.tables import MESSAGES, mappable_columns
 
@@ -34,14 +34,19 @@ SUITE = {
 # a user's off-policy traces: question/think/answer columns, or a chat `messages` column
 TRACES = {**TABLE, "drop_context": Field(BOOL, default=False)}
 NONEMPTY = Field(STR, lambda s: s != "", "non-empty")
+# a file of a pinned pip package: a relative path inside it, so the version pin is what decides its bytes (a path
+# out of the package would be an input DVC does not track)
+PACKAGE_FILE = Field(STR, lambda s: bool(s) and not Path(s).is_absolute() and ".." not in Path(s).parts,
+                     "a relative path inside the package (no leading /, no ..)")
 # a real model family derived by the pipeline (stages.import_gguf, stages.posttrain); empty for the embedded world
+
 FAMILY = {
     # name -> a GGUF file shipped in an installed pip package (at this exact version) -> models/family/<name>
     "imports": Field(dict, default={}, item={
         "package": NONEMPTY, "version": NONEMPTY,
-        "file": NONEMPTY,   # inside the package; with `parts`, the whole GGUF's file name
+        "file": PACKAGE_FILE,   # inside the package; with `parts`, the whole GGUF's file name
         # a GGUF shipped in pieces, each a file in its own package (pinned like the package), joined in this order
-        "parts": Field(list, item={"package": NONEMPTY, "version": NONEMPTY, "file": NONEMPTY}, default=[]),
+        "parts": Field(list, item={"package": NONEMPTY, "version": NONEMPTY, "file": PACKAGE_FILE}, default=[]),
         "sha256": Field(STR, lambda s: s == "" or re.fullmatch(r"[0-9a-f]{64}", s) is not None,
                         "\"\" or 64 lowercase hex digits (the GGUF's SHA-256)", default=""),
         # a Jinja chat template for a model whose tokenizer has none (a pretrained-only base); "" for the model's own
@@ -64,7 +69,7 @@ FAMILY = {
         "grad_clip": Field(NUM, positive, "> 0", default=1.0),
         "dtype": Field(STR, lambda s: s == "float32", "float32 (the snapshots' deltas need it)", default="float32"),
         "checkpoint_every": Field(INT, nonneg, ">= 0", default=20),
-        "seed": Field(INT, nonneg, ">= 0", default=0),
+        "seed": Field(INT, SEED.check, SEED.rule, default=0),
     }),
 }
 
@@ -195,7 +200,9 @@ SCHEMA: dict[str, dict] = {
         "num_processes": POS_INT,
         "kfac_layers_per_pass": NONNEG_INT,
     },
-    "mask": {"random_seed": SEED},
+    # one section per mask kind of sweep.masks, each the params of its mask stages alone (dvc.yaml: mask.<kind>), so
+    # the random control's seed reruns only the random masks; the Fisher masks take no settings ({})
+    "mask": {**{kind: {} for kind in FISHER_MASKS}, "random": {"seed": SEED}},
     "fisher_merge": {"floor": Field(NUM, positive, "> 0")},
     "sweep": {
         "lams": Field(list, lambda v: len(v) > 0, "non-empty", item=Field(NUM, positive, "> 0")),
@@ -304,6 +311,20 @@ def check_donors(p: dict[str, Section]) -> None:
         seen[where] = name
 
 
+# where the sweep writes deltas: the finetunes' (tensors/delta) and the masked ones (tensors/masked)
+DELTA_ROOTS = ("tensors/delta", "tensors/masked")
+
+
+def check_export_delta(key: str, delta: str) -> None:
+    """An exported point is post + lam * a delta the sweep wrote: a model directory named as a delta would export
+    post plus a whole model (twice post's weights), so the path must be one of the sweep's delta folders."""
+    parts = Path(delta).parts
+    if Path(delta).is_absolute() or ".." in parts or len(parts) < 3 or "/".join(parts[:2]) not in DELTA_ROOTS:
+        raise ParamsError(f"params.yaml: {key} ({delta}) must be a delta the sweep writes, a folder under "
+                          f"{' or '.join(DELTA_ROOTS)} (e.g. tensors/masked/kfac_rho0.01_lr0.0001_ep10), not a "
+                          "model directory")
+
+
 def check_text_suites(suites: dict) -> None:
     """A perplexity suite is plain text: no answers to format or mark. The old-task mean is over graded suites (a
     perplexity is not a pass rate), so at least one suite must grade answers."""
@@ -319,8 +340,32 @@ def check_text_suites(suites: dict) -> None:
                           f"the mean over suites that grade answers ({', '.join(GRADERS)}), so name at least one")
 
 
+def check_markers(p: dict[str, Section]) -> None:
+    """Chat think markers and the answer format's syntax are parsed out of the same turn: a marker that is (or holds,
+    or is held in) the text around an answer would cut the answer out as reasoning, and every score would be 0."""
+    markers = p["chat"].think_markers
+    if p["chat"].thinking_switch == "prefill" and not markers:
+        raise ParamsError("params.yaml: chat.thinking_switch is prefill, but chat.think_markers is []: there is no "
+                          "empty think block to pre-fill, so thinking off would switch nothing off (set the markers, "
+                          "or thinking_switch: none)")
+    if len(markers) == 2 and markers[0] == markers[1]:
+        raise ParamsError(f"params.yaml: chat.think_markers opens and closes with the same text {markers[0]!r}; "
+                          "where the think block ends would be ambiguous")
+    formats = {"answer.format": p["answer"].format}
+    formats.update({f"data.old_suites.{n}.format": s.format for n, s in sorted(p["data"].old_suites.items())
+                    if s.format and s.grader != PERPLEXITY})
+    for key, fmt in formats.items():
+        for m in markers:
+            for syntax in ANSWER_SYNTAX[fmt]:
+                if m in syntax or syntax in m:
+                    raise ParamsError(f"params.yaml: chat.think_markers has {m!r}, which collides with {fmt!r} "
+                                      f"({key}) writing {syntax!r} around each answer: every answer would be read as "
+                                      "reasoning; use the model's own think markers")
+
+
 def check_cross(p: dict[str, Section]) -> None:
     check_world(p)
+    check_markers(p)
     data = p["data"]
     if not data.old_suites:
         raise ParamsError("params.yaml: data.old_suites must name at least one old-task suite")
@@ -343,6 +388,8 @@ def check_cross(p: dict[str, Section]) -> None:
                           "demonstration)")
     check_plain_names("synthself.aligners", p["synthself"].aligners)
     check_plain_names("export.points", p["export"].points, dots=True)
+    for name, point in p["export"].points.items():
+        check_export_delta(f"export.points.{name}.delta", point.delta)
     if len(set(p["sweep"].lams)) != len(p["sweep"].lams):
         raise ParamsError("params.yaml: sweep.lams has a repeated value")
     for sec, key in (("sweep", "rhos"), ("sweep", "masks"), ("sweep", "fisher_merge_lams"), ("sweep", "epochs"),

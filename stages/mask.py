@@ -39,7 +39,8 @@ def main() -> None:
             TensorReader("tensors/fisher/retention/kfac.safetensors") as kfac, \
             atomic_dir(f"tensors/masked/{name}") as tmp:
         # every kind gets the diagonal Fisher: random ignores it for selection but reports what it removes
-        plan = MaskPlan(args.kind, delta, fisher, kfac, p.random_seed)
+        # only the random control has a seed (mask.random: the params of the random masks alone)
+        plan = MaskPlan(args.kind, delta, fisher, kfac, p.random.seed if args.kind == "random" else 0)
         stats = write_masked_delta(plan, args.rho, tmp)
     write_json(f"reports/masks/{name}.json",
                {"kind": args.kind, "rho": args.rho, "lr": args.lr, "epoch": args.epoch, **stats})

@@ -6,6 +6,7 @@ The delta is the graft delta (unmasked or masked by the mask stage) or the SFT d
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from graft.cli import output_path, require_free_space, run_stage
 from graft.atomic import atomic_dir
@@ -25,6 +26,10 @@ def main() -> None:
     if args.lam <= 0:
         raise ValueError(f"--lam must be > 0, got {args.lam}")
     out = output_path(args.out)
+    if (Path(args.delta) / "config.json").exists():   # a delta holds tensors only; a model's weights are no update
+        raise ValueError(f"--delta {args.delta} is a model directory (it has a config.json), not a delta: the "
+                         "merge would add a whole model to post; name a delta the sweep wrote (tensors/delta/..., "
+                         "tensors/masked/...)")
     check_apart({"--out": out}, {"models.post": models.post, "--delta": args.delta})
     require_free_space(out.parent, checkpoint_bytes(models.post), f"merge into {out}")
     with atomic_dir(out) as tmp:

@@ -10,6 +10,8 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
+from graft.generation import SPEED_ONLY
+
 AUDIT = Path(__file__).resolve().parent / "file_audit"   # put first on PYTHONPATH with FILE_AUDIT_DIR set
 
 
@@ -55,7 +57,10 @@ def undeclared(repo: Path, log_dir: Path, ran: set[str]) -> dict[str, list[str]]
             seen.add(stage)
             if e["kind"] == "param":
                 declared = list(lock[stage].get("params", {}).get("params.yaml", {}))
-                allowed = declared + sorted(loops.get(stage.split("@")[0], ()))
+                # speed-only settings change how fast samples come, never which (tested apart): no stage declares
+                # them (graft.generation.SPEED_ONLY)
+                allowed = declared + sorted(loops.get(stage.split("@")[0], ())) + [f"generation.{k}"
+                                                                                   for k in SPEED_ONLY]
                 if not any(_under(e["path"].replace(".", "/"), d.replace(".", "/")) for d in allowed):
                     bad[stage].add(f"reads params.yaml {e['path']} (declared: {', '.join(declared)})")
                 continue

@@ -180,7 +180,7 @@ def test_garbage_safetensors_header_names_the_file(box, monkeypatch, capsys):
 def test_params_read_as_dvc_reads_them(box, monkeypatch, capsys):
     text = (box / "params.yaml").read_text()
     # DVC refuses a duplicated key, so does every stage
-    (box / "params.yaml").write_text(text + "mask:\n  random_seed: 3\n")
+    (box / "params.yaml").write_text(text + "mask:\n  random: {seed: 3}\n")
     assert "duplicate key" in delta_fails(box, monkeypatch, capsys)
     # and 1e-3 is a number to DVC (YAML 1.2): accepted as finetune.lrs
     (box / "params.yaml").write_text(text.replace("- 0.001", "- 1e-3", 1))
