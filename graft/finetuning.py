@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
@@ -361,6 +362,21 @@ def fingerprint(files: Sequence[str | Path], extra: dict) -> str:
     return h.hexdigest()[:24]
 
 
+def work_name(out: Path) -> str:
+    """The resume directory's name for output ``out``: its whole path, so two outputs never share one."""
+    return "_".join(out.parts)
+
+
+def stale_workdirs(work_root: Path, out: Path, key: str) -> list[Path]:
+    """Resume directories of ``out`` under a key other than ``key``: a run with other inputs, settings or code can
+    never resume them (at 1B a directory is weights and optimiser state, several GB)."""
+    if not work_root.is_dir():
+        return []
+    name = re.compile(re.escape(work_name(out)) + r"-[0-9a-f]{24}")
+    return sorted(p for p in work_root.iterdir()
+                  if name.fullmatch(p.name) and p.name != f"{work_name(out)}-{key}" and not p.is_symlink())
+
+
 def assemble_snapshots(workdir: Path, epochs: int, out: Path) -> None:
     """Move the finished run's epoch snapshots into ``out`` (atomically) and drop the work directory."""
     with atomic_dir(out) as tmp:
@@ -375,14 +391,15 @@ def assemble_snapshots(workdir: Path, epochs: int, out: Path) -> None:
 @contextmanager
 def live_curve(path: Path | None) -> Iterator[Callable[[dict], None] | None]:
     """A dvclive logger of curve records. Only values and step numbers are written (no timestamps), so a rerun
-    writes the same files; a resumed run replays the saved part of the curve first."""
+    writes the same files; a resumed run replays the saved part of the curve first. The curve of a run in progress
+    is written beside ``path`` (``.<name>.tmp-*``) and replaces it when the run succeeds: a failed run leaves the
+    last good run's curve as it was."""
     if path is None:
         yield None
         return
     from dvclive import Live
 
-    shutil.rmtree(path, ignore_errors=True)  # a killed run's partial log: rewritten from the resumed curve
-    with Live(str(path), dvcyaml=None, save_dvc_exp=False, report=None) as live:
+    with atomic_dir(path) as tmp, Live(str(tmp), dvcyaml=None, save_dvc_exp=False, report=None) as live:
         def log(rec: dict) -> None:
             live.step = rec["step"]
             live.log_metric("train/loss", rec["loss"])
@@ -401,7 +418,11 @@ def train_to_snapshots(model: torch.nn.Module, tokenizer, objective: Objective, 
     from graft.modeling import save_snapshot
 
     key = fingerprint(inputs, {**settings, "world": dist_info.world, "code": code_fingerprint()})
-    workdir = work_root / f"{out.name}-{key}"
+    workdir = work_root / f"{work_name(out)}-{key}"
+    if dist_info.main:
+        for stale in stale_workdirs(work_root, out, key):
+            shutil.rmtree(stale, ignore_errors=True)
+            print(f"{desc}: removed {stale} (resume state of this output under other inputs, settings or code)")
 
     def save_epoch(epoch: int, m: torch.nn.Module, weights: dict | None) -> None:
         with atomic_dir(workdir / f"epoch{epoch}") as tmp:

@@ -433,7 +433,7 @@ def stage_outs(repo: Path, stage: str) -> dict[str, str]:
 # where each stage is killed: a file that appears part-way through its own run (DVC removes a stage's outputs before
 # running it), so the kill point does not depend on how fast or loaded the machine is
 KILL_WHEN = {
-    "finetune_donor@0.001": ".graft/work/donor_lr0.001-*/state/state.json",   # the first resume checkpoint
+    "finetune_donor@0.001": ".graft/work/models_finetuned_donor_lr0.001-*/state/state.json",   # the first resume checkpoint
     f"delta_graft@{RUN}": "tensors/delta/.graft_lr*.tmp-*/*",                # the streamed delta half-written
     "fisher_retention": "tensors/fisher/retention/diagonal.safetensors",      # diagonal done, KFAC not yet
     "evaluate": "reports/points/*.json",                                       # one point scored, others not
