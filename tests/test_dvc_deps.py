@@ -198,3 +198,45 @@ def test_tensor_stages_do_not_depend_on_chat_templates_or_answer_grading():
                for name in TENSOR_STAGES}
     assert not any(leaking.values()), leaking
     assert code_deps.local_imports(REPO / "graft/registry.py") == set()
+
+
+def dvc_status_after(tmp_path: Path, edit) -> dict:
+    """`dvc status --json` of the committed pipeline (dvc.yaml, dvc.lock) with ``edit`` applied to params.yaml,
+    in a repository holding nothing else (every output missing: what differs between two calls is params alone)."""
+    repo = tmp_path / "status"
+    if not repo.exists():
+        repo.mkdir()
+        for f in ("dvc.yaml", "dvc.lock"):
+            shutil.copy(REPO / f, repo / f)
+        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+        subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+        subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True, env=env)
+    from graft.params import read_yaml
+
+    params = read_yaml(REPO / "params.yaml")
+    edit(params)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run(["dvc", "status", "--json"], cwd=repo, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout or "{}")
+
+
+def test_speed_only_settings_rerun_nothing_and_the_random_seed_only_random_masks(tmp_path):
+    """generation.batch_size and data_parallel_size change how fast samples come, never which (graft.generation
+    SPEED_ONLY): no stage declares them. mask.random.seed is a param of the random masks alone. Controls: top_p
+    reruns the sampling stages, the seed every random mask."""
+    from graft.generation import SPEED_ONLY
+
+    base = dvc_status_after(tmp_path, lambda p: None)
+    for key in SPEED_ONLY:
+        assert dvc_status_after(tmp_path, lambda p: p["generation"].update({key: 7})) == base, key
+    seeded = dvc_status_after(tmp_path, lambda p: p["mask"]["random"].update(seed=5))
+    moved = sorted(k for k in base if seeded.get(k) != base[k])
+    assert moved and all(k.startswith("mask@random-") for k in moved), moved
+    assert len(moved) == sum(1 for k in base if k.startswith("mask@random-"))
+    sampled = dvc_status_after(tmp_path, lambda p: p["generation"].update(top_p=0.9))
+    assert {"mine", "evaluate", "fisher_retention"} <= {k for k in base if sampled.get(k) != base[k]}
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    declared = {p for s in stages.values() for p in s.get("do", s).get("params", [])}
+    assert not declared & ({"generation", "mask"} | {f"generation.{k}" for k in SPEED_ONLY})
