@@ -75,13 +75,15 @@ def undeclared(repo: Path, log_dir: Path, ran: set[str]) -> dict[str, list[str]]
                     kind in ("read", "list") or _under(p, ".dvc/tmp")):
                 continue
             parent = str(PurePosixPath(p).parent)
-            if ".tmp-" in p and any(_under(parent, str(PurePosixPath(o).parent)) for o in mine):
-                continue   # an atomic write's temporary beside one of its outputs
+            if (".tmp-" in p or ".old-" in p) and any(_under(parent, str(PurePosixPath(o).parent)) for o in mine):
+                continue   # an atomic write's temporary, or the old output it swaps out, beside one of its outputs
             others = [o for s, os_ in outs.items() if s != stage for o in os_]
             # a directory of its own: holds some of its outputs and none of another stage's (dvclive's log folder)
             own = any(any(_under(o, q) for o in mine) and not any(_under(o, q) for o in others) for q in (p, parent))
             if kind in ("read", "list"):
-                if p == "params.yaml" or any(_under(p, d["path"]) for d in lock[stage].get("deps", [])) \
+                # dvc.yaml: every stage reads the pipeline's output folders from it to refuse symlinked ones before
+                # any work (graft.cli.output_roots); it decides whether a stage runs, never what it computes
+                if p in ("params.yaml", "dvc.yaml") or any(_under(p, d["path"]) for d in lock[stage].get("deps", [])) \
                         or any(_under(p, o) for o in mine) or (kind == "list" and own):
                     continue
             elif kind == "write":
