@@ -89,6 +89,10 @@ def text_suites(allp, fmt: ChatFormat) -> tuple[dict[str, TextSuite], dict[str, 
     return out, paths
 
 
+# a samples table's columns, one row per (problem, sample) (reports/samples/<point>.parquet)
+SAMPLE_COLUMNS = ("task", "problem_id", "sample", "text", "answer", "gold", "correct", "n_tokens")
+
+
 def sample_and_grade(generator: Generator, suite: Suite, task: str) -> pd.DataFrame:
     """One row per (problem, sample): text, extracted answer, grade."""
     prompts = [suite.fmt.prompt_ids(q) for q in suite.problems["question"]]
@@ -99,8 +103,7 @@ def sample_and_grade(generator: Generator, suite: Suite, task: str) -> pd.DataFr
             answer, ok = suite.grader.grade(c, gold)
             rows.append({"task": task, "problem_id": pid, "sample": j, "text": c.text, "answer": answer,
                          "gold": gold, "correct": bool(ok), "n_tokens": len(c.token_ids)})
-    return pd.DataFrame(rows, columns=["task", "problem_id", "sample", "text", "answer", "gold", "correct",
-                                       "n_tokens"])
+    return pd.DataFrame(rows, columns=list(SAMPLE_COLUMNS))
 
 
 def task_metrics(samples: pd.DataFrame, n: int, ks: Sequence[int]) -> dict[str, float]:

@@ -37,7 +37,7 @@ from graft.atomic import refuse_symlinks, write_json, write_parquet
 from graft.cli import TIMING, run_stage
 from graft.openmp import use_threads
 from graft.distributed import become_replica, relaunch_under_torchrun
-from graft.evaluation import TextSuite, evaluate_model, evaluation_suites, text_suites
+from graft.evaluation import SAMPLE_COLUMNS, TextSuite, evaluate_model, evaluation_suites, text_suites
 from graft.registry import PERPLEXITY
 from graft.generation import SPEED_ONLY, open_generator
 from graft.chat import open_chat
@@ -84,9 +84,6 @@ def is_current(pt: Point, key: str) -> bool:
     samples = SAMPLES / f"{pt.name}.parquet"
     rec = recorded(pt)
     return samples.exists() and rec.get("key") == key and rec.get("samples_sha256") == content_hash(samples)
-
-
-SAMPLE_COLUMNS = ("task", "problem_id", "sample", "text", "answer", "gold", "correct", "n_tokens")
 
 
 def written_here(f: Path) -> bool:
