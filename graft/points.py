@@ -21,6 +21,7 @@ from typing import Iterable, Iterator, Mapping
 
 import torch
 
+from graft.hashing import content_hash
 from graft.merging import check_merged_finite, merge_tensor, same_tensors
 from graft.registry import DIAGNOSTIC, DONOR_METHOD, GRAFT, PROPOSED_PREFIX, SFT_MERGE, masked_method
 from graft.sweep import run_tag
@@ -145,25 +146,6 @@ def point_tensors(model: str | Path, delta: str | Path | None, lam: float | None
                 if not all_finite(dt):
                     raise FloatingPointError(f"tensor {name} of {delta}: NaN or Inf")
                 yield name, check_merged_finite(name, merge_tensor(m.get(name), dt, None, float(lam)))
-
-
-def content_hash(path: str | Path, memo: dict[str, str] | None = None) -> str:
-    """sha256 over a file, or over a directory's files (relative path + bytes, sorted)."""
-    key = str(path)
-    if memo is not None and key in memo:
-        return memo[key]
-    root = Path(path)
-    files = sorted(q for q in root.rglob("*") if q.is_file()) if root.is_dir() else [root]
-    h = hashlib.sha256()
-    for f in files:
-        h.update(str(f.relative_to(root) if root.is_dir() else f.name).encode() + b"\0")
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                h.update(block)
-    out = h.hexdigest()
-    if memo is not None:
-        memo[key] = out
-    return out
 
 
 def point_key(pt: Point, settings_key: str, memo: dict[str, str]) -> str:

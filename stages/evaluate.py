@@ -44,7 +44,8 @@ from graft.chat import open_chat
 from graft.kl_prediction import PROPOSED
 from graft.loaded_code import loaded_modules
 from graft.modeling import resolve_device
-from graft.points import (POINT_LOADER, Point, content_hash, kl_key, point_key, point_tensors, proposed_points,
+from graft.hashing import content_hash
+from graft.points import (POINT_LOADER, Point, kl_key, point_key, point_tensors, proposed_points,
                           sweep_points)
 from graft.retention_kl import ROLLOUTS, RetentionKL, read_rollouts
 from graft.text_likelihood import text_scores

@@ -8,7 +8,8 @@ import torch
 import yaml
 
 from graft.merging import merge_into_dir
-from graft.points import content_hash, find_point, point_key, point_tensors, sweep_points
+from graft.hashing import content_hash
+from graft.points import find_point, point_key, point_tensors, sweep_points
 from graft.schema import validate
 from safetensors.torch import save_file
 
