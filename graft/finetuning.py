@@ -377,10 +377,10 @@ def stale_workdirs(work_root: Path, out: Path, key: str) -> list[Path]:
                   if name.fullmatch(p.name) and p.name != f"{work_name(out)}-{key}" and not p.is_symlink())
 
 
-def assemble_snapshots(workdir: Path, epochs: int, out: Path) -> None:
+def assemble_snapshots(workdir: Path, epochs: Sequence[int], out: Path) -> None:
     """Move the finished run's epoch snapshots into ``out`` (atomically) and drop the work directory."""
     with atomic_dir(out) as tmp:
-        for e in range(1, epochs + 1):
+        for e in epochs:
             src = workdir / f"epoch{e}"
             if not (src / "config.json").exists():
                 raise FileNotFoundError(f"{src}: snapshot of epoch {e} is missing")
@@ -411,10 +411,13 @@ def live_curve(path: Path | None) -> Iterator[Callable[[dict], None] | None]:
 
 def train_to_snapshots(model: torch.nn.Module, tokenizer, objective: Objective, n_examples: int, spec: TrainSpec, *,
                        out: Path, inputs: Sequence[str | Path], settings: dict, dist_info: DistInfo,
-                       desc: str, work_root: Path = Path(".graft/work"), live_dir: Path | None = None) -> TrainLog:
+                       desc: str, work_root: Path = Path(".graft/work"), live_dir: Path | None = None,
+                       snapshots: Sequence[int] | None = None) -> TrainLog:
     """Train with a resumable work directory keyed by the inputs and settings; write ``out/epoch<e>/`` (complete HF
-    model directories) atomically when the last epoch is done. ``live_dir`` gets dvclive logs of the loss and
-    learning rate per step, written as training runs (``dvc plots show``, ``dvc exp show``)."""
+    model directories) atomically when the last epoch is done, for every epoch or those of ``snapshots`` (a chain
+    keeps its last only). ``live_dir`` gets dvclive logs of the loss and learning rate per step, written as training
+    runs (``dvc plots show``, ``dvc exp show``)."""
+    kept = list(range(1, spec.epochs + 1)) if snapshots is None else sorted(snapshots)
     from graft.modeling import save_snapshot
 
     key = fingerprint(inputs, {**settings, "world": dist_info.world, "code": code_fingerprint()})
@@ -425,6 +428,8 @@ def train_to_snapshots(model: torch.nn.Module, tokenizer, objective: Objective, 
             print(f"{desc}: removed {stale} (resume state of this output under other inputs, settings or code)")
 
     def save_epoch(epoch: int, m: torch.nn.Module, weights: dict | None) -> None:
+        if epoch not in kept:
+            return
         with atomic_dir(workdir / f"epoch{epoch}") as tmp:
             save_snapshot(m, tokenizer, tmp, weights)
 
@@ -434,7 +439,7 @@ def train_to_snapshots(model: torch.nn.Module, tokenizer, objective: Objective, 
     if dist_info.main:
         if log.resumed_from:
             print(f"{desc}: resumed from a checkpoint at step {log.resumed_from}")
-        assemble_snapshots(workdir, spec.epochs, out)
+        assemble_snapshots(workdir, kept, out)
     if dist_info.world > 1:
         dist.barrier()
     return log

@@ -150,6 +150,9 @@ SCHEMA: dict[str, dict] = {
         },
         "heldout_phrasings": POS_INT,           # the last phrasings of each fact: evaluation only
         "eval_facts": POS_INT,                  # facts whose held-out phrasings form the new task
+        # the training mix replays the teacher traces (the paper's replay); false: the QA pairs alone (a chain step
+        # whose hard pool is an earlier step's skill would otherwise rehearse that skill)
+        "replay": Field(BOOL, default=True),
         "seed": SEED,
     },
     "finetune": {
@@ -225,6 +228,20 @@ SCHEMA: dict[str, dict] = {
         # directional (a Fisher form of predict_kl: closed form)
         "predictor": Field(STR, lambda s: s in PREDICTORS, f"one of {', '.join(PREDICTORS)}"),
         "max_lam": POS_NUM,                     # the proposal never extrapolates past this lambda
+    },
+    # continual learning (graft.chain): steps in order, each landing on the model the step before it made; every
+    # method is its own chain. No steps: no chain stage does any work
+    "chain": {
+        "steps": Field(dict, default={}, item={
+            "after": NONEMPTY,                  # the step before it (post for the first): dvc.yaml's path to its model
+            "source": NONEMPTY,                 # one of SOURCES or a key of data.offpolicy
+            "heldout": Field(dict, default={}), # a data.offpolicy source's held-out suite (a SUITE table)
+            "lr": POS_NUM,                      # the step's finetune rate and length (the rest of finetune is shared)
+            "epochs": POS_INT,
+            "rho": Field(NUM, lambda x: 0 < x < 1, "in (0, 1)"),   # every masked chain's rho at this step
+            "lam": POS_NUM,                     # every graft chain's and SFT + merge's lambda at this step
+        }),
+        "joint": {"lr": POS_NUM, "epochs": POS_INT},   # joint SFT of post on every step's data (the reference)
     },
     "evaluate": {
         "n_samples": POS_INT,
@@ -397,6 +414,7 @@ def check_cross(p: dict[str, Section]) -> None:
         if len(set(p[sec][key])) != len(p[sec][key]):
             raise ParamsError(f"params.yaml: {sec}.{key} has a repeated value")
     check_donors(p)
+    check_chain(p)
     kn = p["knowledge"]
     if Path(kn.facts.path) == Path(INVENTED_FACTS) and kn.heldout_phrasings >= kn.invent.phrasings:
         raise ParamsError(f"params.yaml: knowledge.heldout_phrasings ({kn.heldout_phrasings}) must be below "
@@ -413,6 +431,43 @@ def check_cross(p: dict[str, Section]) -> None:
     if ft.micro_batch_size > ft.global_batch_size:
         raise ParamsError(f"params.yaml: finetune.micro_batch_size ({ft.micro_batch_size}) exceeds "
                           f"finetune.global_batch_size ({ft.global_batch_size})")
+
+
+def check_chain(p: dict[str, Section]) -> None:
+    """Steps in order (each ``after`` the one before it), plain names, a source and a held-out suite per step, and
+    one task per step (no two steps scored on one table)."""
+    from graft.params import _check_section
+
+    steps, data = p["chain"].steps, p["data"]
+    check_plain_names("chain.steps", steps)
+    previous = "post"
+    tables: dict[str, str] = {}
+    for name, step in steps.items():
+        key = f"chain.steps.{name}"
+        if name == "post":
+            raise ParamsError(f"params.yaml: {key}: post is the name of the model every chain starts from; name the "
+                              "step after its task")
+        if step.after != previous:
+            raise ParamsError(f"params.yaml: {key}.after must be {previous!r} (the step before it"
+                              f"{'; the first step lands on post' if previous == 'post' else ''}), got {step.after!r}")
+        previous = name
+        if step.source not in SOURCES and step.source not in data.offpolicy:
+            raise ParamsError(f"params.yaml: {key}.source must be one of {', '.join(SOURCES)} or a key of "
+                              f"data.offpolicy {sorted(data.offpolicy)}, got {step.source!r}")
+        if not step.heldout:
+            raise ParamsError(f"params.yaml: {key}.heldout: the step's held-out suite is missing (a table like "
+                              "data.old_suites' entries: {path, grader, format, instruction}; graft's mined problems "
+                              "are data/mined/heldout.parquet, its facts data/knowledge/heldout.parquet)")
+        suite = _check_section(f"{key}.heldout", dict(step.heldout), SUITE)
+        if suite.grader == PERPLEXITY:
+            raise ParamsError(f"params.yaml: {key}.heldout.grader: a new task is graded by its answers, not "
+                              f"{PERPLEXITY}")
+        step["heldout"] = suite
+        table = str(Path(suite.path))
+        if table in tables:
+            raise ParamsError(f"params.yaml: {key} and chain.steps.{tables[table]} are one task (both scored on "
+                              f"{table}): a chain adds a new task at every step")
+        tables[table] = name
 
 
 def validate(raw: dict) -> dict[str, Section]:

@@ -50,7 +50,7 @@ COPIED = ["reports/points.parquet", "reports/pareto.png", "reports/metrics.json"
           "reports/kl/prediction.parquet", "reports/kl/summary.json", "reports/family/post.json",
           "reports/donors/choice.parquet", "reports/donors/summary.json", "reports/donors/frontiers.png"]
 POINTS, SAMPLES = Path("reports/points"), Path("reports/samples")
-REPLACED_WHOLE = {"old_suites", "aligners", "imports", "posttrain", "points", "offpolicy", "candidates"}   # maps of names
+REPLACED_WHOLE = {"old_suites", "aligners", "imports", "posttrain", "points", "offpolicy", "candidates", "steps"}   # maps of names
 
 
 def overlay(base: dict, over: dict) -> dict:
@@ -186,6 +186,84 @@ def pooled_points(runs: list[str]) -> tuple[pd.DataFrame, tuple[float, float], l
     return pooled.drop_duplicates("name").drop(columns="run").reset_index(drop=True), margin, apart
 
 
+CHAIN = Path("reports/chain")
+
+
+def copy_chain(run: Path, steps: list[str]) -> None:
+    """Each step's report (scores, R, geometry, frontier), metrics and evaluation (points, samples) into the run
+    folder: chain/<step>/..."""
+    for step in steps:
+        dst = run / "chain" / step
+        shutil.copytree(CHAIN / "report" / step, dst)
+        shutil.copytree(CHAIN / "eval" / step, dst / "eval")
+        shutil.copyfile(CHAIN / "metrics" / f"{step}.json", dst / "metrics.json")
+
+
+def chain_broken_items(run: Path, steps: list[str]) -> pd.DataFrame:
+    """Per method and step after the first: the items (old suites and earlier steps' tasks) its model after the
+    step answers worse than its model before it did (mean over samples), with what it wrote instead."""
+    rows = []
+    for before, after in zip(steps, steps[1:]):
+        for path in sorted((run / "chain" / after / "eval" / "samples").glob("*.parquet")):
+            if path.stem == "post":
+                continue
+            prev_path = run / "chain" / before / "eval" / "samples" / path.name
+            now, prev = pd.read_parquet(path), pd.read_parquet(prev_path)
+            prev = prev[prev.task != f"step:{after}"]
+            acc_prev = prev.groupby(["task", "problem_id"])["correct"].mean()
+            acc_now = now.groupby(["task", "problem_id"])["correct"].mean().reindex(acc_prev.index)
+            first = now.groupby(["task", "problem_id"]).first()
+            for key in acc_prev.index[acc_now.lt(acc_prev)]:
+                rows.append({"method": path.stem, "step": after, "task": key[0], "problem_id": key[1],
+                             "before": float(acc_prev[key]), "after": float(acc_now[key]),
+                             "gold": first.loc[key, "gold"], "wrote": str(first.loc[key, "text"])[-160:]})
+    return pd.DataFrame(rows, columns=["method", "step", "task", "problem_id", "before", "after", "gold", "wrote"])
+
+
+def chain_margins(run: Path, params: dict, steps: list[str]) -> dict[str, float]:
+    """Two standard errors at p = 0.5 of each task's pass@1 (its problems x samples; a fact suite: greedy, one) and of
+    the old task (the mean of the graded suites)."""
+    n = params["evaluate"]["n_samples"]
+    out = {}
+    for step in steps:
+        h = params["chain"]["steps"][step]["heldout"]
+        post = pd.read_parquet(run / "chain" / step / "eval" / "samples" / "post.parquet")
+        size = post[post.task == f"step:{step}"].problem_id.nunique()
+        out[f"step:{step}"] = 2 * (0.25 / (size * (1 if h.get("grader") == "fact" else n))) ** 0.5
+    sizes = [len(pd.read_parquet(s["path"])) * n for s in params["data"]["old_suites"].values()
+             if s.get("grader", "math") != "perplexity"]
+    out["old_task"] = 2 * (sum(0.25 / m for m in sizes) / len(sizes) ** 2) ** 0.5
+    return out
+
+
+def write_chain_summary(run: Path, params: dict, steps: list[str], head: dict) -> None:
+    """summary.json: per method the last step's metrics and R (rows post, steps; columns the steps' tasks), whether
+    the KFAC chain keeps step 1's task better than sequential SFT and SFT + merge (exactly and beyond the noise
+    margin), and the broken items per method (broken_items.parquet)."""
+    last = steps[-1]
+    metrics = json.loads((run / "chain" / last / "metrics.json").read_text())["chain"]
+    matrix = pd.read_parquet(run / "chain" / last / "matrix.parquet")
+    margin = chain_margins(run, params, steps)
+    r = {m: [[None if v != v else v for v in sub[sub.row == i].sort_values("column")["pass@1"].tolist()]
+             for i in sorted(sub.row.unique())] for m, sub in matrix.groupby("method")}
+    kept = {}
+    first = steps[0]
+    final = {m: r[m][-1][0] for m in r}
+    for rival in ("sft", "sft_merge"):
+        if len(steps) > 1:
+            diff = final["graft_kfac"] - final[rival]
+            kept[f"graft_kfac keeps step {first} better than {rival}"] = {
+                "difference": diff, "exact": diff > 0, "beyond_noise": diff > margin[f"step:{first}"]}
+    broken = chain_broken_items(run, steps)
+    broken.to_parquet(run / "broken_items.parquet", index=False)
+    geometry = pd.read_parquet(run / "chain" / last / "geometry.parquet").to_dict("records")
+    summary = {**head, "steps": steps, "metrics": metrics, "R": r, "margins": margin, "checks": kept,
+               "geometry": geometry,
+               "broken_per_method": broken.groupby(["method", "task"]).size().unstack(fill_value=0).to_dict("index")
+               if len(broken) else {}}
+    (run / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+
+
 def scenario_overlay(scenario: str) -> dict:
     """research/real/<scenario>.yaml's keys; a file with ``extends: <other>`` is <other>'s keys with its own replaced
     (a cut-down run of a scenario names what it changes, nothing more)."""
@@ -286,8 +364,11 @@ def main() -> None:
         Path("params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         log = Path(".graft/real_model.log")   # the run's progress, to follow with tail -f (not an output)
         log.parent.mkdir(exist_ok=True)
+        steps = list(params.get("chain", {}).get("steps", {}))
+        # a chain scenario runs the chain up to its last step (and the data stages it reads), not the single sweep
+        target = [f"chain_report@{steps[-1]}"] if steps else []
         with log.open("w") as f:
-            returncode = repro(["dvc", "repro"], f)
+            returncode = repro(["dvc", "repro", *target], f)
         wall = time.time() - t0
         shutil.rmtree(run, ignore_errors=True)
         run.mkdir(parents=True)
@@ -295,10 +376,15 @@ def main() -> None:
         if returncode != 0:
             (run / "failed.txt").write_text(log.read_text()[-6000:])
             raise SystemExit(f"{run}: dvc repro failed after {wall:.0f} s (failed.txt)")
-        copy_reports(run, params)
-        shutil.copytree(SAMPLES, run / "samples")
-        shutil.copytree(POINTS, run / "points")   # the records --reuse puts back (key, metrics, samples hash)
-        write_summary(run, params, {"scenario": args.scenario, "seed": args.seed, "wall_s": round(wall)})
+        if steps:
+            copy_chain(run, steps)
+            write_chain_summary(run, params, steps, {"scenario": args.scenario, "seed": args.seed,
+                                                     "wall_s": round(wall)})
+        else:
+            copy_reports(run, params)
+            shutil.copytree(SAMPLES, run / "samples")
+            shutil.copytree(POINTS, run / "points")   # the records --reuse puts back (key, metrics, samples hash)
+            write_summary(run, params, {"scenario": args.scenario, "seed": args.seed, "wall_s": round(wall)})
         print(f"{run}: done in {wall:.0f} s")
     finally:
         Path("params.yaml").write_text(committed)

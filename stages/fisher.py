@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -43,16 +45,16 @@ def main() -> None:
     args = ap.parse_args()
     which = args.which
     allp = load_all()
-    p, gen, chat, answer, models, data = (allp[k] for k in ("fisher", "generation", "chat", "answer", "models",
-                                                             "data"))
+    p, models, data = allp["fisher"], allp["models"], allp["data"]
     if relaunch_under_torchrun(p.num_processes, "stages.fisher", sys.argv[1:]):
         return
     use_threads(allp["compute"].threads)   # before any torch work (graft.openmp)
     info = init_distributed(allp["compute"].device)
-    device = info.device
     if which == "retention":
         model_dir = models.post
         prompts_table = read_input(InputSpec.from_params(data.retention, "data.retention"), "problems")
+        out = FisherOut(Path("tensors/fisher/retention"), "reports/fisher/retention.json", "fisher_retention",
+                        kfac=True, rollouts=Path(ROLLOUTS))
     else:
         require(args.lr, allp["finetune"].lrs, "finetune.lrs", "--lr")
         require(args.epoch, allp["sweep"].epochs, "sweep.epochs", "--epoch")
@@ -62,6 +64,26 @@ def main() -> None:
                          if allp["finetune"].source == "knowledge"
                          else read_table("data/mined/train.parquet", "hard_pool"))
         which = f"new_{run_tag(args.lr, args.epoch)}"
+        out = FisherOut(Path(f"tensors/fisher/{which}"), f"reports/fisher/{which}.json", "fisher_new")
+    fisher_on_own_samples(allp, info, model_dir, prompts_table, out, which)
+
+
+@dataclass(frozen=True)
+class FisherOut:
+    """Where one Fisher goes: its folder (diagonal.safetensors, kfac.safetensors), its report and the report's key,
+    whether KFAC factors are estimated too, and where the rollouts are kept (None: not kept)."""
+    folder: Path
+    report: str
+    report_key: str
+    kfac: bool = False
+    rollouts: Path | None = None
+
+
+def fisher_on_own_samples(allp, info, model_dir: str, prompts_table, out: FisherOut, label: str) -> None:
+    """The model's own samples of fisher.n_rollouts prompts from the top of ``prompts_table`` (cycling), prompted
+    as the evaluation prompts it, and the Fisher on them (diagonal, and KFAC when ``out.kfac``)."""
+    p, gen, chat, answer, models = (allp[k] for k in ("fisher", "generation", "chat", "answer", "models"))
+    device = info.device
     rows = [i % len(prompts_table) for i in range(p.n_rollouts)]
     questions = [prompts_table["question"][i] for i in rows]
     # the model's own samples, prompted exactly as the evaluation prompts it
@@ -72,7 +94,7 @@ def main() -> None:
         generator = open_generator(model_dir, gen, fmt, models.trust_remote_code, device=device)
         outs = generator.generate(prompts, SamplingSpec(n=1, temperature=p.temperature, top_p=gen.top_p,
                                                         max_new_tokens=p.max_new_tokens, seed=p.seed),
-                                  labels=table_labels(f"fisher {which} prompts", [prompts_table["problem_id"][i]
+                                  labels=table_labels(f"fisher {label} prompts", [prompts_table["problem_id"][i]
                                                                                  for i in rows]))
         generator.close()
         rollouts = [(pr, list(o[0].token_ids)) for pr, o in zip(prompts, outs) if o[0].token_ids]
@@ -86,17 +108,17 @@ def main() -> None:
     model = load_model(model_dir, "float32", models.trust_remote_code, device)
     fisher = estimate_diag_fisher(model, mine, fmt.pad_id, p.chunk, reduce)
     if info.main:
-        with atomic_file(f"tensors/fisher/{which}/diagonal.safetensors") as tmp:
+        with atomic_file(out.folder / "diagonal.safetensors") as tmp:
             save_tensors(tmp, fisher)
-        if which == "retention":
-            write_parquet(ROLLOUTS, rollouts_table(rollouts))
+        if out.rollouts is not None:
+            write_parquet(out.rollouts, rollouts_table(rollouts))
     summary = {"rollouts": len(rollouts), "diagonal_trace": sum(float(v.sum()) for v in fisher.values()),
                "mean_response_tokens": sum(len(r) for _, r in rollouts) / len(rollouts)}
     del fisher
-    if which == "retention":
+    if out.kfac:
         layers = kfac_linear_names(model)
         summary["kfac_layers"] = len(layers)
-        path = "tensors/fisher/retention/kfac.safetensors"
+        path = out.folder / "kfac.safetensors"
         if info.main:
             with atomic_file(path) as tmp:
                 write_kfac(model, layers, mine, fmt.pad_id, p.chunk, reduce, p.kfac_layers_per_pass, tmp)
@@ -104,8 +126,8 @@ def main() -> None:
             write_kfac(model, layers, mine, fmt.pad_id, p.chunk, reduce, p.kfac_layers_per_pass, None)
     if info.main:
         # under one key per kind, so that `dvc exp show` lists the two kinds' numbers under their own names
-        write_json(f"reports/fisher/{which}.json", {f"fisher_{args.which}": summary})
-        print(f"fisher {which}: {summary}")
+        write_json(out.report, {out.report_key: summary})
+        print(f"fisher {label}: {summary}")
     leave_distributed(info)
 
 

@@ -8,7 +8,7 @@
    data/knowledge/passages.parquet (problem_id -> passage of every training QA pair, from the facts table's optional
    ``passage`` column; no rows without one: OPSD's teacher reads it when opsd.teacher_context is passage),
    data/offpolicy/knowledge.parquet (training mix: every QA pair with an empty think block + the teacher traces with
-   their thinking)
+   their thinking, unless knowledge.replay is false)
 """
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ def main() -> None:
     passages = passage_table(facts, train, spec.path)
     heldout = evaluated_facts(heldout, p.eval_facts, p.seed)
     replay = read_table("data/offpolicy/teacher.parquet", "offpolicy")
+    if not p.replay:   # knowledge.replay false: the QA pairs alone
+        replay = replay.iloc[:0]
     write_parquet("data/knowledge/train.parquet", train)
     write_parquet("data/knowledge/heldout.parquet", heldout)
     write_parquet("data/knowledge/passages.parquet", passages)

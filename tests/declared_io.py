@@ -38,6 +38,19 @@ def _loop_keys(dvc_yaml: dict) -> dict[str, set[str]]:
     return out
 
 
+CHAIN_STATE = re.compile(r"models/chain/[^/]+/[^/]+\.json")
+
+
+def pinned_models(repo: Path, stage: dict) -> list[str]:
+    """Model directories a stage reaches through a declared chain state (graft.chain): the state names the
+    directory with its content hash, and graft.chain.read_state refuses other bytes, so the state pins them."""
+    out = []
+    for d in stage.get("deps", []):
+        if CHAIN_STATE.fullmatch(d["path"]) and (repo / d["path"]).is_file():
+            out.append(json.loads((repo / d["path"]).read_text())["model"])
+    return out
+
+
 def undeclared(repo: Path, log_dir: Path, ran: set[str]) -> dict[str, list[str]]:
     """stage -> what it touched without declaring it; a stage that ran but logged nothing is reported too (the
     audit would otherwise pass by seeing nothing)."""
@@ -45,6 +58,7 @@ def undeclared(repo: Path, log_dir: Path, ran: set[str]) -> dict[str, list[str]]
     loops = _loop_keys(yaml.safe_load((repo / "dvc.yaml").read_text()))
     by_cmd = {st["cmd"]: name for name, st in lock.items()}
     outs = {name: [o["path"] for o in st.get("outs", [])] for name, st in lock.items()}
+    pinned = {name: pinned_models(repo, st) for name, st in lock.items()}
     bad: dict[str, set[str]] = defaultdict(set)
     seen = set()
     for f in sorted(log_dir.glob("*.jsonl")):
@@ -84,7 +98,8 @@ def undeclared(repo: Path, log_dir: Path, ran: set[str]) -> dict[str, list[str]]
                 # dvc.yaml: every stage reads the pipeline's output folders from it to refuse symlinked ones before
                 # any work (graft.cli.output_roots); it decides whether a stage runs, never what it computes
                 if p in ("params.yaml", "dvc.yaml") or any(_under(p, d["path"]) for d in lock[stage].get("deps", [])) \
-                        or any(_under(p, o) for o in mine) or (kind == "list" and own):
+                        or any(_under(p, o) for o in mine) or (kind == "list" and own) \
+                        or any(_under(p, m) for m in pinned[stage]):
                     continue
             elif kind == "write":
                 if any(_under(p, o) or _under(o, p) for o in mine):   # an output, or a folder made for one
