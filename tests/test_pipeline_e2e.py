@@ -642,6 +642,12 @@ def test_a_two_step_chain_lands_each_step_on_the_last_and_reruns_only_what_step_
     (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     with pytest.raises(AssertionError, match=r"held-out suite of earlier step skill: row 1"):
         run(["dvc", "repro", "chain_data@more"], repo)
+    # and one asking an old suite's question
+    old = pd.read_parquet(repo / "data/suites/add.parquet")
+    rows[1] = {"question": old.question[0], "think": "", "answer": old.answer[0]}
+    (repo / "data/leak.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(AssertionError, match=r"ask a question of old suite add: row 1"):
+        run(["dvc", "repro", "chain_data@more"], repo)
     del p["chain"]["steps"]["more"]
     p["data"]["offpolicy"] = {}
     (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
