@@ -372,12 +372,16 @@ def check_markers(p: dict[str, Section]) -> None:
     formats.update({f"data.old_suites.{n}.format": s.format for n, s in sorted(p["data"].old_suites.items())
                     if s.format and s.grader != PERPLEXITY})
     for key, fmt in formats.items():
-        for m in markers:
-            for syntax in ANSWER_SYNTAX[fmt]:
-                if m in syntax or syntax in m:
-                    raise ParamsError(f"params.yaml: chat.think_markers has {m!r}, which collides with {fmt!r} "
-                                      f"({key}) writing {syntax!r} around each answer: every answer would be read as "
-                                      "reasoning; use the model's own think markers")
+        check_format_markers(markers, key, fmt)
+
+
+def check_format_markers(markers, key: str, fmt: str) -> None:
+    for m in markers:
+        for syntax in ANSWER_SYNTAX[fmt]:
+            if m in syntax or syntax in m:
+                raise ParamsError(f"params.yaml: chat.think_markers has {m!r}, which collides with {fmt!r} "
+                                  f"({key}) writing {syntax!r} around each answer: every answer would be read as "
+                                  "reasoning; use the model's own think markers")
 
 
 def check_cross(p: dict[str, Section]) -> None:
@@ -462,8 +466,14 @@ def check_chain(p: dict[str, Section]) -> None:
         if suite.grader == PERPLEXITY:
             raise ParamsError(f"params.yaml: {key}.heldout.grader: a new task is graded by its answers, not "
                               f"{PERPLEXITY}")
+        if suite.format:
+            check_format_markers(p["chat"].think_markers, f"{key}.heldout.format", suite.format)
         step["heldout"] = suite
         table = str(Path(suite.path))
+        old = [n for n, s in sorted(data.old_suites.items()) if Path(s.path) == Path(table)]
+        if old:
+            raise ParamsError(f"params.yaml: {key}.heldout.path is {table}, the table of old suite {old[0]}: a step "
+                              "adds a new task, and the old suites are scored after every step anyway")
         if table in tables:
             raise ParamsError(f"params.yaml: {key} and chain.steps.{tables[table]} are one task (both scored on "
                               f"{table}): a chain adds a new task at every step")

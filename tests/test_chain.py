@@ -7,8 +7,6 @@ import json
 
 import pandas as pd
 import pytest
-import torch
-import yaml
 
 from graft.chain import (accuracy_matrix, backward_transfer, final_average, interleave, read_state, retention_groups,
                          shared_questions, write_state)
@@ -52,10 +50,23 @@ def test_a_chain_of_two_steps_validates():
     ({"skill": step("post", heldout={"path": "x.parquet", "graded": "math"})}, r"unknown key chain.steps.skill.heldout"),
     ({"skill": step("post", rho=0.0)}, r"chain.steps.skill.rho must be in \(0, 1\)"),
     ({"a/b": step("post")}, r"chain.steps key 'a/b' must be a plain name"),
+    ({"skill": step("post", heldout={"path": "data/world/old_add.parquet"})},
+     r"chain.steps.skill.heldout.path is data/world/old_add.parquet, the table of old suite add"),
+    ({"skill": step("post", heldout={"path": "x.parquet", "format": "answer_tag"})}, None),
 ])
 def test_bad_chains_are_refused_naming_the_key(steps, message):
+    if message is None:   # a control: this one is fine
+        validate(with_steps(steps))
+        return
     with pytest.raises(ParamsError, match=message):
         validate(with_steps(steps))
+
+
+def test_a_held_out_format_colliding_with_the_think_markers_is_refused():
+    p = with_steps({"skill": step("post", heldout={"path": "x.parquet", "format": "boxed"})})
+    p["chat"]["think_markers"] = ["<t>", "}"]   # the main format (answer_tag) is fine with these; boxed is not
+    with pytest.raises(ParamsError, match=r"collides with 'boxed' \(chain.steps.skill.heldout.format\)"):
+        validate(p)
 
 
 def test_a_step_name_written_twice_is_refused_as_dvc_would(tmp_path):
