@@ -13,7 +13,7 @@ import sys
 
 from graft.chain import FISHER_CHAINS, find_step, fisher_dir, read_state, retention_table, state_file
 from graft.cli import run_stage
-from graft.distributed import init_distributed, relaunch_under_torchrun
+from graft.distributed import init_distributed, leave_distributed, relaunch_under_torchrun
 from graft.openmp import use_threads
 from graft.registry import masked_method
 from graft.schema import load_all
@@ -39,6 +39,7 @@ def main() -> None:
                     kfac=args.chain == masked_method("kfac"), rollouts=folder / "rollouts.parquet")
     fisher_on_own_samples(allp, info, model_dir, read_parquet(retention_table(step.name)), out,
                           f"chain {args.chain} {step.name}")
+    leave_distributed(info)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ def main() -> None:
         which = f"new_{run_tag(args.lr, args.epoch)}"
         out = FisherOut(Path(f"tensors/fisher/{which}"), f"reports/fisher/{which}.json", "fisher_new")
     fisher_on_own_samples(allp, info, model_dir, prompts_table, out, which)
+    leave_distributed(info)
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,6 @@ def fisher_on_own_samples(allp, info, model_dir: str, prompts_table, out: Fisher
         # under one key per kind, so that `dvc exp show` lists the two kinds' numbers under their own names
         write_json(out.report, {out.report_key: summary})
         print(f"fisher {label}: {summary}")
-    leave_distributed(info)
 
 
 if __name__ == "__main__":
