@@ -35,7 +35,10 @@ def main() -> None:
             kfac = stack.enter_context(TensorReader(fisher / "kfac.safetensors")) if kind == "kfac" else None
         seed = allp["mask"].random.seed if kind == "random" else 0   # mask.<kind>: the random control's alone
         tmp = stack.enter_context(atomic_dir(masked_dir(kind, step.name)))
-        stats = write_masked_delta(MaskPlan(kind, delta, diag, kfac, seed), step.rho, tmp)
+        try:
+            stats = write_masked_delta(MaskPlan(kind, delta, diag, kfac, seed), step.rho, tmp)
+        except ValueError as e:   # the mask's own message names the single sweep's key
+            raise ValueError(str(e).replace("sweep.rhos", f"chain.steps.{step.name}.rho")) from None
     write_json(f"reports/chain/masks/{kind}/{step.name}.json", {"kind": kind, "rho": step.rho, "step": step.name,
                                                                 **stats})
     print(f"chain_mask {kind} {step.name}: removed {stats['masked']}/{stats['entries']} directions")
