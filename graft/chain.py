@@ -65,6 +65,20 @@ def find_step(p: Mapping, name: str) -> Step:
     return _step(name, steps[name])
 
 
+def params_and_step() -> tuple[dict, Step]:
+    """For a stage whose one argument is ``--step``: the validated params and that step (an unknown name is refused,
+    naming the keys there are)."""
+    import argparse
+
+    from graft.schema import load_all
+
+    ap = argparse.ArgumentParser(description="one chain step (see the stage's docstring)")
+    ap.add_argument("--step", required=True, help="a key of chain.steps")
+    name = ap.parse_args().step
+    allp = load_all()
+    return allp, find_step(allp, name)
+
+
 def train_table(step: str) -> Path:
     return DATA / step / "train.parquet"
 

@@ -13,18 +13,16 @@ step's, or of an old suite, or when an earlier step trained on a question of its
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pandas as pd
 
 from graft.atomic import atomic_dir, write_parquet
-from graft.chain import DATA, find_step, interleave, retention_groups, shared_questions
+from graft.chain import DATA, interleave, params_and_step, retention_groups, shared_questions
 from graft.cli import run_stage
 from graft.inputs import InputSpec, describe, read_input
 from graft.offpolicy import check_no_leakage
 from graft.registry import PERPLEXITY
-from graft.schema import load_all
 from graft.tables import SCHEMAS, read_parquet, read_table
 
 # heldouts.parquet: every step's held-out problems and how they are graded (the evaluation of a later step scores them)
@@ -50,11 +48,7 @@ def refuse_shared(train: pd.DataFrame, train_name: str, heldout: pd.DataFrame, h
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--step", required=True)
-    args = ap.parse_args()
-    p = load_all()
-    step = find_step(p, args.step)
+    p, step = params_and_step()
     prev = DATA / step.after
     train_path = f"data/offpolicy/{step.source}.parquet"
     train = read_table(train_path, "offpolicy")

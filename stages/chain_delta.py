@@ -4,22 +4,16 @@ python -m stages.chain_delta --step S  ->  tensors/chain/delta/S/ (fp32, streame
 """
 from __future__ import annotations
 
-import argparse
 
 from graft.atomic import atomic_dir
-from graft.chain import MODELS, delta_dir, find_step
+from graft.chain import MODELS, delta_dir, params_and_step
 from graft.cli import run_stage
-from graft.schema import load_all
 from graft.tensors import check_compatible
 from stages.delta import nonzero_delta
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--step", required=True)
-    args = ap.parse_args()
-    p = load_all()
-    step = find_step(p, args.step)
+    p, step = params_and_step()
     donor = p["finetune"].donor
     check_compatible(donor, p["models"].post)   # every chain adds it to a model of post's shape
     with atomic_dir(delta_dir(step.name)) as tmp:

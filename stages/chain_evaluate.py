@@ -12,14 +12,13 @@ stage's): the second takes the chain's previous model as the reference instead o
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import pandas as pd
 from tqdm import tqdm
 
 from graft.atomic import atomic_dir, write_json, write_parquet
-from graft.chain import CHAINS, DATA, JOINT, ROOT, find_step, read_state, state_file
+from graft.chain import CHAINS, DATA, JOINT, ROOT, params_and_step, read_state, state_file
 from graft.chat import AnswerFormat, ChatFormat, ChatSpec, answer_format, open_chat
 from graft.cli import run_stage
 from graft.evaluation import SUITES, Suite, sample_and_grade, task_metrics
@@ -30,7 +29,6 @@ from graft.openmp import use_threads
 from graft.params import Section
 from graft.points import POINT_LOADER, point_tensors
 from graft.retention_kl import RetentionKL, read_rollouts
-from graft.schema import load_all
 from graft.registry import PERPLEXITY
 from graft.tables import read_parquet, read_table
 
@@ -66,11 +64,7 @@ def step_suites(allp, heldouts: pd.DataFrame) -> tuple[dict[str, Suite], dict[st
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--step", required=True)
-    args = ap.parse_args()
-    allp = load_all()
-    step = find_step(allp, args.step)
+    allp, step = params_and_step()
     models, gen, p = allp["models"], allp["generation"], allp["evaluate"]
     use_threads(allp["compute"].threads)
     device = resolve_device(allp["compute"].device)

@@ -12,7 +12,6 @@ python -m stages.chain_report --step S  ->  reports/chain/report/S/
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
@@ -20,10 +19,9 @@ import pandas as pd
 
 from graft.atomic import atomic_dir, write_json, write_parquet
 from graft.chain import (CHAINS, JOINT, REPORTS, ROOT, SCORES, accuracy_matrix, backward_transfer,
-                         delta_dir, final_average, find_step, masked_dir)
+                         delta_dir, final_average, masked_dir, params_and_step)
 from graft.cli import run_stage
 from graft.registry import GRAFT, SWEPT_MASKS, masked_method
-from graft.schema import load_all
 from graft.tables import read_parquet
 from graft.tensors import TensorReader
 
@@ -132,11 +130,7 @@ def frontier(points: dict, step: str, earlier: list[str], path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--step", required=True)
-    args = ap.parse_args()
-    allp = load_all()
-    step = find_step(allp, args.step)
+    allp, step = params_and_step()
     points = json.loads((REPORTS / "eval" / step.name / "points.json").read_text())
     prev = read_parquet(REPORTS / "report" / step.after / "scores.parquet")
     scores = pd.concat([prev, scores_of(step.name, points)], ignore_index=True)[SCORES]
