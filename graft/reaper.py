@@ -122,8 +122,7 @@ def dvc_launcher(pid: int) -> int | None:
     return None
 
 
-def watch(stage: int, stage_t: int, launcher: int | None, token: str) -> None:
-    launcher_t = start_time(launcher) if launcher else None
+def watch(stage: int, stage_t: int, launcher: int | None, launcher_t: int | None, token: str) -> None:
     known: dict[int, int] = {}
     while True:
         if start_time(stage) != stage_t:
@@ -151,13 +150,17 @@ def start_watcher() -> None:
     token = f"{me}-{me_t}"
     os.environ[TOKEN] = token   # every process the stage starts from now on inherits it
     launcher = dvc_launcher(me) if os.environ.get("DVC_STAGE") else None
+    # dvc's start time is read here, not by the watcher: a dvc killed before the watcher's interpreter is up (a busy
+    # machine) would otherwise leave it nothing to compare, and the stage would outlive it
+    launcher_t = start_time(launcher) if launcher else None
     # a fresh interpreter, isolated from the stage's imports and memory; it ignores the terminal's Ctrl-C (the stage
     # gets it and ends; the watcher then cleans up) and exits once the stage has
-    subprocess.Popen([sys.executable, "-I", "-S", __file__, str(me), str(me_t), str(launcher or 0), token],
+    subprocess.Popen([sys.executable, "-I", "-S", __file__, str(me), str(me_t), str(launcher or 0),
+                      str(launcher_t or 0), token],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
 
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    watch(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) or None, sys.argv[4])
+    watch(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) or None, int(sys.argv[4]) or None, sys.argv[5])
